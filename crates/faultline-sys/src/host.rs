@@ -1,0 +1,126 @@
+//! Facts about the machine: physical memory, the transparent huge page mode,
+//! the CPU the calling thread runs on, and a cycle counter. Read-only, no
+//! locks, no state.
+
+/// Transparent huge page mode, from `/sys/kernel/mm/transparent_hugepage/enabled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThpMode {
+    /// `[always]`: every eligible anonymous range.
+    Always,
+    /// `[madvise]`: ranges with `MADV_HUGEPAGE` only.
+    Madvise,
+    /// `[never]`, or the file is missing (kernel without THP).
+    Never,
+}
+
+impl ThpMode {
+    /// Whether a range with `MADV_HUGEPAGE` can get huge pages.
+    pub fn usable(self) -> bool {
+        self != ThpMode::Never
+    }
+}
+
+/// The current THP mode.
+pub fn thp_mode() -> ThpMode {
+    match std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled") {
+        Ok(s) if s.contains("[always]") => ThpMode::Always,
+        Ok(s) if s.contains("[madvise]") => ThpMode::Madvise,
+        _ => ThpMode::Never,
+    }
+}
+
+/// Bytes of physical memory (`sysconf(_SC_PHYS_PAGES) * page size`).
+pub fn physical_memory() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(pages).unwrap_or(0) * usize::try_from(size).unwrap_or(0)
+}
+
+/// The base page size the kernel uses.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(crate::PAGE_SIZE)
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu`, served from rseq
+/// by current glibc, so it costs a few nanoseconds). 0 if it fails.
+pub fn current_cpu() -> usize {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).unwrap_or(0)
+}
+
+/// Number of CPUs this process may run on.
+pub fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The time-stamp counter (cycles at the invariant TSC rate), or 0 where the
+/// architecture has none.
+#[inline]
+pub fn cycles() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: RDTSC exists on every x86_64 CPU and only reads a counter.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
+}
+
+/// Sets the calling thread's nice value (Linux: per thread). Used to make
+/// background workers yield to the fault path.
+pub fn set_thread_nice(nice: i32) -> Result<(), crate::SysError> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    // SAFETY: setpriority on our own thread id; plain integers.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if rc != 0 {
+        return Err(crate::SysError::last("setpriority", 0, 0));
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to `cpu` (`sched_setaffinity`).
+pub fn pin_thread(cpu: usize) -> Result<(), crate::SysError> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return Err(crate::SysError {
+            op: "sched_setaffinity",
+            addr: cpu,
+            len: 0,
+            errno: libc::EINVAL,
+        });
+    }
+    // SAFETY: `cpu` was checked to lie inside the set just above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the
+    // size passed.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(crate::SysError::last("sched_setaffinity", cpu, 0));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_sane() {
+        assert!(physical_memory() > 64 << 20);
+        assert_eq!(page_size(), crate::PAGE_SIZE);
+        assert!(current_cpu() < 4096);
+        assert!(online_cpus() >= 1);
+        let a = cycles();
+        let b = cycles();
+        assert!(b >= a);
+    }
+}

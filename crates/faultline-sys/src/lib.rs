@@ -1,0 +1,58 @@
+//! Raw Linux interfaces for faultline, and the only crate in the workspace that
+//! makes system calls or ioctls.
+//!
+//! Three modules:
+//! - [`uffd`]: a `userfaultfd` context — opening it, the `UFFDIO_API` handshake
+//!   that probes features at run time, (un)registration and the resolving
+//!   ioctls (`MOVE`, `COPY`, `ZEROPAGE`, `WRITEPROTECT`, `WAKE`, `POISON`).
+//!   The system C headers are older than the kernel, so every ioctl number and
+//!   structure is defined here by hand from `include/uapi/linux/userfaultfd.h`.
+//! - [`mem`]: anonymous mappings (an owning [`mem::Mapping`]), `madvise`.
+//! - [`host`]: facts about the machine (page size, physical memory, THP mode,
+//!   current CPU, cycle counter).
+//!
+//! Every error carries the errno and the address range it concerned. Results
+//! that are part of normal operation (`EAGAIN`, `EEXIST`, `ENOENT` from a
+//! resolving ioctl) are outcome enums the caller matches, never errors.
+//!
+//! No locks are taken here; every function is a thin wrapper around one
+//! system call.
+
+pub mod host;
+pub mod mem;
+pub mod uffd;
+
+/// Size of a base page on x86_64 and aarch64-4k: 4 KiB.
+pub const PAGE_SIZE: usize = 4096;
+/// Size of a PMD-mapped transparent huge page: 2 MiB.
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// The `errno` of the last failed system call on this thread.
+pub(crate) fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A failed system call: which one, on what range, and the errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{op} on {addr:#x}+{len:#x} failed: {} (errno {errno})", std::io::Error::from_raw_os_error(*errno))]
+pub struct SysError {
+    /// The operation, e.g. `"mmap"` or `"UFFDIO_MOVE"`.
+    pub op: &'static str,
+    /// Start of the address range the call concerned (0 if none).
+    pub addr: usize,
+    /// Length of the range (0 if none).
+    pub len: usize,
+    /// The raw errno.
+    pub errno: i32,
+}
+
+impl SysError {
+    pub(crate) fn last(op: &'static str, addr: usize, len: usize) -> Self {
+        Self {
+            op,
+            addr,
+            len,
+            errno: last_errno(),
+        }
+    }
+}

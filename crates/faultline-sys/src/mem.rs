@@ -1,0 +1,241 @@
+//! Anonymous memory mappings and `madvise`.
+//!
+//! [`Mapping`] owns one `mmap`ed range and unmaps it on drop. Invariants:
+//! `addr % align == 0`, `len % PAGE_SIZE == 0`, and `[addr, addr + len)` is
+//! mapped for the whole life of the value. It hands out only the address: how
+//! the bytes are accessed (and by whom, given that userfaultfd can move pages
+//! in and out underneath) is the owner's business. No locks.
+
+use crate::{SysError, PAGE_SIZE};
+use std::ptr::NonNull;
+
+/// Advice that changes no data (safe to give at any time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// `MADV_HUGEPAGE`: the range may be backed by transparent huge pages.
+    HugePage,
+    /// `MADV_NOHUGEPAGE`: never back the range by transparent huge pages.
+    NoHugePage,
+    /// `MADV_DONTFORK`: a child process does not inherit the range (keeps
+    /// pages exclusive to this process, which `UFFDIO_MOVE` requires).
+    DontFork,
+    /// `MADV_POPULATE_WRITE`: fault the range in for writing now.
+    PopulateWrite,
+}
+
+impl Advice {
+    fn raw(self) -> libc::c_int {
+        match self {
+            Advice::HugePage => libc::MADV_HUGEPAGE,
+            Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
+            Advice::DontFork => libc::MADV_DONTFORK,
+            Advice::PopulateWrite => 23, // MADV_POPULATE_WRITE, Linux 5.14
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Advice::HugePage => "madvise(MADV_HUGEPAGE)",
+            Advice::NoHugePage => "madvise(MADV_NOHUGEPAGE)",
+            Advice::DontFork => "madvise(MADV_DONTFORK)",
+            Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
+        }
+    }
+}
+
+/// An owned anonymous private mapping, read-write.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is an address range plus the duty to unmap it; it holds no
+// thread-affine state, and access to the bytes is governed by its owner.
+unsafe impl Send for Mapping {}
+// SAFETY: shared references only read `addr`/`len`, which never change.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of anonymous private memory (`MAP_NORESERVE`) whose
+    /// start is a multiple of `align` (a power of two, at least the page size).
+    pub fn anonymous(len: usize, align: usize) -> Result<Mapping, SysError> {
+        let einval = SysError {
+            op: "mmap",
+            addr: 0,
+            len,
+            errno: libc::EINVAL,
+        };
+        if len == 0 || len % PAGE_SIZE != 0 || !align.is_power_of_two() || align < PAGE_SIZE {
+            return Err(einval);
+        }
+        let total = len.checked_add(align - PAGE_SIZE).ok_or(einval)?;
+        // SAFETY: a fresh anonymous mapping with a null hint overlaps nothing
+        // that exists; the arguments are plain integers.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(SysError::last("mmap", 0, total));
+        }
+        let start = raw as usize;
+        let aligned = (start + align - 1) & !(align - 1);
+        let head = aligned - start;
+        let tail = total - head - len;
+        // SAFETY: [start, start+head) and [aligned+len, start+total) lie inside
+        // the mapping just created, which nothing else knows about yet.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        let addr = NonNull::new(aligned as *mut u8).ok_or(einval)?;
+        Ok(Mapping { addr, len })
+    }
+
+    /// First byte of the mapping.
+    pub fn addr(&self) -> usize {
+        self.addr.as_ptr() as usize
+    }
+
+    /// First byte of the mapping as a raw pointer.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a mapping is never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Whether `[addr, addr + len)` lies inside this mapping.
+    pub fn contains(&self, addr: usize, len: usize) -> bool {
+        addr >= self.addr()
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr() + self.len)
+    }
+
+    /// Gives `advice` for the subrange `[addr, addr + len)`, which must lie
+    /// inside the mapping.
+    pub fn advise(&self, addr: usize, len: usize, advice: Advice) -> Result<(), SysError> {
+        if !self.contains(addr, len) {
+            return Err(SysError {
+                op: advice.name(),
+                addr,
+                len,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: the range lies inside a mapping we own, and none of these
+        // advices changes the content of memory.
+        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice.raw()) };
+        if rc != 0 {
+            return Err(SysError::last(advice.name(), addr, len));
+        }
+        Ok(())
+    }
+
+    /// Whether every page of `[addr, addr + len)` is mapped in the page
+    /// tables right now (`mincore(2)`; `len` at most 64 pages).
+    pub fn is_resident(&self, addr: usize, len: usize) -> Result<bool, SysError> {
+        let mut vec = [0u8; 64];
+        let pages = len.div_ceil(PAGE_SIZE);
+        if !self.contains(addr, len) || pages > vec.len() {
+            return Err(SysError {
+                op: "mincore",
+                addr,
+                len,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: the range lies inside our mapping and `vec` has room for
+        // one byte per page of it.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(SysError::last("mincore", addr, len));
+        }
+        Ok(vec[..pages].iter().all(|b| b & 1 == 1))
+    }
+
+    /// `MADV_DONTNEED` on `[addr, addr + len)`: drops the pages there (a
+    /// later touch reads zeros, or faults to userfaultfd on a registered
+    /// range) and, with `CONFIG_PT_RECLAIM`, frees page tables left empty.
+    ///
+    /// # Safety
+    /// The range must lie inside the mapping, and no live Rust reference may
+    /// point into it: its bytes change without a write through any reference.
+    pub unsafe fn discard(&self, addr: usize, len: usize) -> Result<(), SysError> {
+        if !self.contains(addr, len) {
+            return Err(SysError {
+                op: "madvise(MADV_DONTNEED)",
+                addr,
+                len,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: inside our mapping (checked above); the caller guarantees
+        // no reference observes the discarded bytes.
+        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            return Err(SysError::last("madvise(MADV_DONTNEED)", addr, len));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own [addr, addr+len) and unmap it exactly once; the
+        // owner guarantees nothing references it any more.
+        unsafe {
+            libc::munmap(self.addr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HUGE_PAGE_SIZE;
+
+    #[test]
+    fn aligned_mapping() {
+        let m = Mapping::anonymous(3 * HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        assert_eq!(m.addr() % HUGE_PAGE_SIZE, 0);
+        assert_eq!(m.len(), 3 * HUGE_PAGE_SIZE);
+        m.advise(m.addr(), m.len(), Advice::HugePage)
+            .expect("madvise");
+        assert!(m
+            .advise(m.addr() + m.len(), PAGE_SIZE, Advice::HugePage)
+            .is_err());
+    }
+
+    #[test]
+    fn bad_sizes_refused() {
+        assert_eq!(
+            Mapping::anonymous(0, PAGE_SIZE)
+                .map(|_| ())
+                .unwrap_err()
+                .errno,
+            libc::EINVAL
+        );
+        assert!(Mapping::anonymous(100, PAGE_SIZE).is_err());
+        assert!(Mapping::anonymous(PAGE_SIZE, 3000).is_err());
+    }
+}

@@ -1,0 +1,265 @@
+//! Configuration: the [`Config`] a manager is built from, its validation, and
+//! the per-region [`MapOptions`].
+//!
+//! Invariants of a validated config: `budget % 2 MiB == 0`,
+//! `2 MiB <= budget <= physical memory`, `workers >= 1`,
+//! `fault_locks` is a power of two. Every baseline switch of the experiments
+//! (`locks = global`, ...) lives here, so a benchmark flips a field, never a
+//! code path of its own. Plain data, no locks.
+
+use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
+
+/// Size of the pages of one region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum PageSize {
+    /// 4 KiB base pages; each fault maps one 4 KiB frame.
+    Base4K,
+    /// 2 MiB huge pages; each fault maps one PMD-mapped 2 MiB frame.
+    Huge2M,
+}
+
+impl PageSize {
+    /// Bytes in one page.
+    pub const fn bytes(self) -> usize {
+        match self {
+            PageSize::Base4K => PAGE_SIZE,
+            PageSize::Huge2M => HUGE_PAGE_SIZE,
+        }
+    }
+
+    /// Buddy order of one page: 0 for 4 KiB, 9 for 2 MiB.
+    pub const fn order(self) -> u8 {
+        match self {
+            PageSize::Base4K => 0,
+            PageSize::Huge2M => 9,
+        }
+    }
+
+    /// Short name: `"4k"` or `"2m"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PageSize::Base4K => "4k",
+            PageSize::Huge2M => "2m",
+        }
+    }
+}
+
+/// How faults on distinct pages are serialized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum LockMode {
+    /// One lock for every fault: the pre-seed baseline (seed 003).
+    Global,
+    /// A table of `fault_locks` padded locks indexed by a hash of the page.
+    Hashed,
+}
+
+/// Configuration of a [`crate::Manager`]. Build one with
+/// [`crate::Manager::builder`]; every field has a measured default.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// Bytes of frames faultline may hold (the pool size), a multiple of
+    /// 2 MiB. Default 256 MiB.
+    pub budget: usize,
+    /// Fault-service worker threads. Default: one per online CPU.
+    pub workers: usize,
+    /// Pin worker `i` to CPU `i % cpus`. On by default: a worker on the
+    /// faulting thread's CPU resolves a fault without a cross-CPU wake-up
+    /// (see docs/design.md, "Worker placement").
+    pub pin_workers: bool,
+    /// Fault lock discipline. Default [`LockMode::Hashed`].
+    pub locks: LockMode,
+    /// Number of locks in the hashed table (power of two). Default: the next
+    /// power of two of `2 * workers`, at least 16.
+    pub fault_locks: usize,
+    /// Events read per `read(2)` on the userfaultfd. Default 16.
+    pub event_batch: usize,
+    /// Busy-poll the userfaultfd this many microseconds after the last event
+    /// before blocking in `poll(2)`. Default 0 (block at once).
+    pub spin_us: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let workers = faultline_sys::host::online_cpus().max(1);
+        Config {
+            budget: 256 << 20,
+            workers,
+            pin_workers: true,
+            locks: LockMode::Hashed,
+            fault_locks: (2 * workers).next_power_of_two().max(16),
+            event_batch: 16,
+            spin_us: 0,
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The budget is below one 2 MiB frame.
+    #[error("budget of {budget} bytes is below one 2 MiB frame")]
+    BudgetTooSmall {
+        /// The budget asked for.
+        budget: usize,
+    },
+    /// The budget is above the machine's physical memory.
+    #[error("budget of {budget} bytes exceeds physical memory ({physical} bytes)")]
+    BudgetTooLarge {
+        /// The budget asked for.
+        budget: usize,
+        /// Physical memory of the machine.
+        physical: usize,
+    },
+    /// The budget is not a multiple of 2 MiB.
+    #[error("budget of {budget} bytes is not a multiple of 2 MiB")]
+    BudgetUnaligned {
+        /// The budget asked for.
+        budget: usize,
+    },
+    /// Zero workers.
+    #[error("at least one fault worker is needed")]
+    NoWorkers,
+    /// A field out of its range.
+    #[error("{field} = {value} is out of range: {why}")]
+    OutOfRange {
+        /// The field's name.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// The accepted range.
+        why: &'static str,
+    },
+}
+
+impl Config {
+    /// Checks the invariants listed in the module docs.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.budget < HUGE_PAGE_SIZE {
+            return Err(ConfigError::BudgetTooSmall {
+                budget: self.budget,
+            });
+        }
+        if self.budget % HUGE_PAGE_SIZE != 0 {
+            return Err(ConfigError::BudgetUnaligned {
+                budget: self.budget,
+            });
+        }
+        let physical = faultline_sys::host::physical_memory();
+        if self.budget > physical {
+            return Err(ConfigError::BudgetTooLarge {
+                budget: self.budget,
+                physical,
+            });
+        }
+        if self.workers == 0 {
+            return Err(ConfigError::NoWorkers);
+        }
+        if self.workers > 1024 {
+            return Err(ConfigError::OutOfRange {
+                field: "workers",
+                value: self.workers,
+                why: "1..=1024",
+            });
+        }
+        if !self.fault_locks.is_power_of_two() || self.fault_locks > 1 << 20 {
+            return Err(ConfigError::OutOfRange {
+                field: "fault_locks",
+                value: self.fault_locks,
+                why: "a power of two up to 2^20",
+            });
+        }
+        if self.event_batch == 0 || self.event_batch > 64 {
+            return Err(ConfigError::OutOfRange {
+                field: "event_batch",
+                value: self.event_batch,
+                why: "1..=64",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Options of one mapped region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapOptions {
+    pub(crate) page_size: PageSize,
+}
+
+impl Default for MapOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MapOptions {
+    /// 4 KiB pages.
+    pub fn new() -> Self {
+        MapOptions {
+            page_size: PageSize::Base4K,
+        }
+    }
+
+    /// Sets the page size. A region's length must be a multiple of it:
+    /// [`crate::Manager::map`] refuses other lengths rather than rounding.
+    pub fn page_size(mut self, size: PageSize) -> Self {
+        self.page_size = size;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        Config::default().validate().expect("default config");
+    }
+
+    #[test]
+    fn bad_budgets() {
+        let c = |budget| Config {
+            budget,
+            ..Config::default()
+        };
+        assert_eq!(
+            c(0).validate(),
+            Err(ConfigError::BudgetTooSmall { budget: 0 })
+        );
+        assert_eq!(
+            c(HUGE_PAGE_SIZE + PAGE_SIZE).validate(),
+            Err(ConfigError::BudgetUnaligned {
+                budget: HUGE_PAGE_SIZE + PAGE_SIZE
+            })
+        );
+        assert!(matches!(
+            c(1 << 50).validate(),
+            Err(ConfigError::BudgetTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_fields() {
+        let c = Config {
+            workers: 0,
+            ..Config::default()
+        };
+        assert_eq!(c.validate(), Err(ConfigError::NoWorkers));
+        let c = Config {
+            fault_locks: 3,
+            ..Config::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::OutOfRange {
+                field: "fault_locks",
+                ..
+            })
+        ));
+        let c = Config {
+            event_batch: 0,
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! The fault service: worker threads that read userfaultfd events and resolve
+//! each missing-page fault by moving a filled pool frame into place.
+//!
+//! One fault, in order (DESIGN.md, "Data flow of one fault"):
+//! `lookup(addr)` → lock `(region, page)` → state? → `alloc(order)` →
+//! `fill` → (2 MiB: drop the empty page table the fault left) →
+//! `UFFDIO_MOVE frame → page` (wakes the faulting threads) →
+//! state = resident → unlock.
+//!
+//! Outcomes ([`Resolution`]): `Moved`; `AlreadyMapped` (a racing fault was
+//! served first: wake only); `Dying` (the region is being unmapped: wake
+//! only); `Poisoned` (no frame, a store or ioctl error: the page is poisoned
+//! so the faulting thread gets SIGBUS instead of hanging, and the cause is
+//! queued for [`crate::Manager::take_error`]).
+//!
+//! Frame accounting: a frame taken from the allocator is either moved into the
+//! region (and recorded in the page state) or returned before the page lock
+//! is released, so `free + mapped = pool pages` holds whenever no fault is in
+//! flight.
+//!
+//! Workers block in `poll(2)` on the userfaultfd and a shutdown eventfd; they
+//! never touch region memory, so they never fault themselves.
+
+use super::FaultError;
+use crate::config::PageSize;
+use crate::fill::{self, FillSource};
+use crate::frame::Frame;
+use crate::manager::Core;
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use faultline_sys::uffd::{Event, Ready, Resolved};
+use faultline_sys::{host, SysError, PAGE_SIZE};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What happened to one fault event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// A frame was filled and moved into place.
+    Moved,
+    /// The page was already mapped; the faulting threads were woken.
+    AlreadyMapped,
+    /// The region is being torn down; the faulting threads were woken.
+    Dying,
+    /// The page was poisoned; its threads get SIGBUS.
+    Poisoned,
+    /// No region holds the address.
+    Stray,
+}
+
+/// How many times a `UFFDIO_MOVE` that returned `EAGAIN` is retried before
+/// the fault is given up (and poisoned).
+const MOVE_RETRIES: u32 = 1000;
+
+/// The worker loop: runs until the shutdown eventfd becomes readable.
+pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
+    if core.config.pin_workers {
+        // Best effort: a worker that cannot be pinned still serves faults.
+        let _ = host::pin_thread(worker % host::online_cpus());
+    }
+    let batch = core.config.event_batch;
+    let spin = Duration::from_micros(u64::from(core.config.spin_us));
+    let mut events = Vec::with_capacity(batch);
+    let mut last_event = Instant::now();
+    loop {
+        events.clear();
+        match core.uffd.read_events(&mut events, batch) {
+            Ok(0) => {
+                if !spin.is_zero() && last_event.elapsed() < spin {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                match core.uffd.wait(shutdown, -1) {
+                    Ok(Ready::Other) => return,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        core.record(FaultError::Events(e));
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+            Ok(_) => {
+                for &ev in &events {
+                    handle(&core, worker, ev);
+                }
+                last_event = Instant::now();
+            }
+            Err(e) => {
+                core.record(FaultError::Events(e));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Handles one event.
+pub(crate) fn handle(core: &Core, worker: usize, ev: Event) -> Resolution {
+    let Event::PageFault { addr, .. } = ev else {
+        return Resolution::Stray;
+    };
+    let t0 = Instant::now();
+    let Some(region) = core.table.lookup(addr) else {
+        Stats::bump(&core.stats.stray);
+        // Wake whoever waits there: the range was unregistered (their retry
+        // is the kernel's business) or never ours.
+        let _ = core.uffd.wake(addr & !(PAGE_SIZE - 1), PAGE_SIZE);
+        return Resolution::Stray;
+    };
+    let page = region.page_of(addr);
+    Stats::bump(match region.page_size {
+        PageSize::Base4K => &core.stats.faults_4k,
+        PageSize::Huge2M => &core.stats.faults_2m,
+    });
+    let res = {
+        let _guard = core.locks.lock(region.id, page as u64);
+        resolve(core, &region, page)
+    };
+    match res {
+        Resolution::Moved => Stats::bump(&core.stats.moves),
+        Resolution::AlreadyMapped | Resolution::Dying => Stats::bump(&core.stats.already_mapped),
+        Resolution::Poisoned | Resolution::Stray => {}
+    }
+    core.stats
+        .record_service(worker, t0.elapsed().as_nanos() as u64);
+    res
+}
+
+fn wake(core: &Core, region: &RegionInner, page: usize) {
+    // A failed wake leaves nobody stuck that a retry of theirs would not
+    // unstick: the range is ours and registered, so this cannot fail short of
+    // a bug; record it if it does.
+    if let Err(e) = core
+        .uffd
+        .wake(region.page_addr(page), region.page_size.bytes())
+    {
+        core.record(FaultError::Move {
+            addr: region.page_addr(page),
+            source: e,
+        });
+    }
+}
+
+/// Resolves a fault on `page` of `region`. Caller holds the page's lock.
+fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
+    let addr = region.page_addr(page);
+    let len = region.page_size.bytes();
+    if region.dying() {
+        wake(core, region, page);
+        return Resolution::Dying;
+    }
+    match region.state(page) {
+        PageState::Absent => {}
+        PageState::Poisoned => {
+            wake(core, region, page);
+            return Resolution::AlreadyMapped;
+        }
+        PageState::Resident(old) => {
+            // Usually a second thread's fault on a page the first one's fault
+            // already mapped. But the application may have dropped the page
+            // (MADV_DONTNEED), and then waking would loop forever: ask the
+            // page tables.
+            if region.map.is_resident(addr, PAGE_SIZE).unwrap_or(true) {
+                wake(core, region, page);
+                return Resolution::AlreadyMapped;
+            }
+            // The kernel freed the page that was our frame: refill the
+            // frame's slot and free it, then serve the fault afresh.
+            let frame = Frame::from_parts(old, region.page_size.order());
+            if let Err(e) = core.pool.repopulate(&frame) {
+                core.record(FaultError::Move { addr, source: e });
+            }
+            core.pool.set_zeroed(&frame, false);
+            core.alloc.free(frame);
+            region.set_state(page, PageState::Absent);
+            Stats::bump(&core.stats.refaulted_dropped);
+        }
+    }
+    let Some(mut frame) = core.alloc.alloc(region.page_size.order()) else {
+        return poison(
+            core,
+            region,
+            page,
+            FaultError::NoFrame {
+                addr,
+                page_size: region.page_size.name(),
+            },
+        );
+    };
+    // SAFETY: `frame` was just allocated, so this worker owns it.
+    match unsafe { fill::fill(&core.pool, &mut frame, region.store.as_ref(), page as u64) } {
+        Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
+        Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
+        Ok(FillSource::Store) => Stats::bump(&core.stats.fills_store),
+        Err(e) => {
+            core.alloc.free(frame);
+            return poison(core, region, page, FaultError::Store { addr, source: e });
+        }
+    }
+    if region.page_size == PageSize::Huge2M {
+        // The fault on this non-THP range allocated a page table under the
+        // PMD; with it there, MOVE would split our huge frame into 512 pages.
+        // MADV_DONTNEED on the (empty) range frees it (CONFIG_PT_RECLAIM).
+        // SAFETY: the page is absent (checked under its lock): no data and
+        // no reference can be there.
+        if unsafe { region.map.discard(addr, len) }.is_ok() {
+            Stats::bump(&core.stats.pt_discards);
+        }
+    }
+    // Resident before the move: the move wakes the faulting threads, and
+    // what they do next (query the region, unmap it) must see the page
+    // resident. No one else can look at the state in between: we hold the
+    // page's lock, and teardown takes it too.
+    region.set_state(page, PageState::Resident(frame.index()));
+    // The first 4 KiB move out of a PMD-mapped pool block splits the block's
+    // THP; two such moves at once can make the kernel report EEXIST for a
+    // move it did not complete (seen on 6.18), so they take the split lock.
+    let split = core.pool.split_guard(&frame);
+    let moved = move_frame(core, region, addr, core.pool.addr_of(&frame), len);
+    if let Some(guard) = split {
+        if moved.is_ok() {
+            guard.mark_split();
+        }
+    }
+    match moved {
+        Ok(()) => Resolution::Moved,
+        Err(MoveFailure::Exists) => {
+            region.set_state(page, PageState::Absent);
+            // Mapped behind our back: nothing moved, the frame is still in
+            // its slot. Keep what is there, and say so.
+            core.alloc.free(frame);
+            core.record(FaultError::Inconsistent {
+                addr,
+                what: "page absent in faultline's state but mapped in the page tables",
+            });
+            wake(core, region, page);
+            Resolution::AlreadyMapped
+        }
+        Err(MoveFailure::Sys(e)) => {
+            region.set_state(page, PageState::Absent);
+            core.alloc.free(frame);
+            poison(core, region, page, FaultError::Move { addr, source: e })
+        }
+    }
+}
+
+enum MoveFailure {
+    Exists,
+    Sys(SysError),
+}
+
+/// What the page tables say about a move the kernel did not report as done.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Destination mapped, source slot empty: it moved.
+    Moved,
+    /// Destination mapped, source still there: the page was already mapped.
+    Occupied,
+    /// Anything else (nothing moved yet, or a transient state such as a
+    /// migration entry while the source THP is being split): try again.
+    Retry,
+}
+
+fn verify(core: &Core, region: &RegionInner, dst: usize, src: usize, len: usize) -> Verdict {
+    let last = len - PAGE_SIZE;
+    let dst_mapped = region.map.is_resident(dst, PAGE_SIZE).unwrap_or(false)
+        && region
+            .map
+            .is_resident(dst + last, PAGE_SIZE)
+            .unwrap_or(false);
+    let src_present = core.pool.slot_present(src) || core.pool.slot_present(src + last);
+    match (dst_mapped, src_present) {
+        (true, false) => Verdict::Moved,
+        (true, true) => Verdict::Occupied,
+        _ => Verdict::Retry,
+    }
+}
+
+/// Moves `[src, src + len)` to `dst` whole, retrying `EAGAIN`.
+///
+/// On this kernel (6.18) `UFFDIO_MOVE` has been seen to report `EAGAIN` or
+/// `EEXIST` for a move that took place, when moves out of one source THP race
+/// with its split (the kernel's internal retry finds the destination it has
+/// just filled). So every outcome but `Done` is checked against the page
+/// tables ([`verify`]) before it is believed; a failed ioctl wakes nobody, so
+/// a move found done that way is followed by a wake.
+fn move_frame(
+    core: &Core,
+    region: &RegionInner,
+    dst: usize,
+    src: usize,
+    len: usize,
+) -> Result<(), MoveFailure> {
+    let mut done = 0;
+    for _ in 0..MOVE_RETRIES {
+        // SAFETY: `src` is an in-flight frame this worker owns and `dst` a page
+        // of a managed region that is absent under its lock; workers hold no
+        // references into either.
+        let r = unsafe {
+            core.uffd
+                .move_pages(dst + done, src + done, len - done, false, false)
+        };
+        let d = match r {
+            Ok(Resolved::Done) => return Ok(()),
+            Ok(
+                Resolved::Retry { done }
+                | Resolved::Exists { done }
+                | Resolved::SourceHole { done },
+            ) => done,
+            Err(e) => return Err(MoveFailure::Sys(e)),
+        };
+        done += d;
+        if done >= len {
+            break;
+        }
+        match verify(core, region, dst + done, src + done, len - done) {
+            Verdict::Moved => {
+                Stats::bump(&core.stats.move_misreported);
+                return core.uffd.wake(dst, len).map_err(MoveFailure::Sys);
+            }
+            Verdict::Occupied if done == 0 => return Err(MoveFailure::Exists),
+            Verdict::Occupied => {
+                return Err(MoveFailure::Sys(SysError {
+                    op: "UFFDIO_MOVE",
+                    addr: dst + done,
+                    len: len - done,
+                    errno: libc::EEXIST,
+                }))
+            }
+            Verdict::Retry => {
+                Stats::bump(&core.stats.move_retries);
+                std::thread::yield_now();
+            }
+        }
+    }
+    if done >= len {
+        return core.uffd.wake(dst, len).map_err(MoveFailure::Sys);
+    }
+    Err(MoveFailure::Sys(SysError {
+        op: "UFFDIO_MOVE",
+        addr: dst,
+        len,
+        errno: libc::EAGAIN,
+    }))
+}
+
+/// Poisons `page` so its threads get SIGBUS, and records `cause`.
+fn poison(core: &Core, region: &RegionInner, page: usize, cause: FaultError) -> Resolution {
+    let addr = region.page_addr(page);
+    let len = region.page_size.bytes();
+    // Queue the cause first: the poisoned thread, once woken, may ask.
+    core.record(cause);
+    // SAFETY: the page is absent (under its lock): poisoning fills a hole of
+    // a region we manage; no reference into it can exist.
+    match unsafe { core.uffd.poison(addr, len, false) } {
+        Ok(Resolved::Done) => {
+            region.set_state(page, PageState::Poisoned);
+            Stats::bump(&core.stats.poisoned);
+        }
+        Ok(other) => {
+            // Partly mapped or raced: wake, and the thread refaults.
+            let _ = other;
+            wake(core, region, page);
+        }
+        Err(e) => core.record(FaultError::Poison { addr, source: e }),
+    }
+    Resolution::Poisoned
+}

@@ -1,0 +1,251 @@
+//! The frame pool: faultline's "physical memory".
+//!
+//! One anonymous private mapping, 2 MiB aligned, `MADV_HUGEPAGE`, populated up
+//! front and registered with the manager's userfaultfd in write-protect mode
+//! only (so `UFFDIO_MOVE` may move pages back into it, while ordinary faults
+//! in it stay with the kernel). Frame `i` is the 4 KiB slot at
+//! `base + i * 4096`; a frame of order `k` is the naturally aligned run of
+//! `2^k` slots starting at a multiple of `2^k`.
+//!
+//! Invariants:
+//! - `pages * 4096 == len(mapping)`, `pages % 512 == 0`.
+//! - A slot is populated unless its frame is mapped in a region: moving a
+//!   frame into a region leaves a hole, moving it back fills the hole. Free
+//!   and in-flight frames are therefore always populated, and only their
+//!   owner writes them.
+//! - `zeroed[i]` is set only while slot `i` is populated and all zero: the
+//!   pool starts zeroed; a frame returned from a region is not.
+//!
+//! The pool is never unmapped or `MADV_DONTNEED`ed while the manager lives:
+//! freed guest memory goes cold on this VM (10-20x slower to touch again).
+//! - `pmd_mapped[b]` is true while block `b`'s pages are one PMD-mapped THP
+//!   in the pool (or in a region, for a 2 MiB frame); the first 4 KiB move
+//!   out of such a block splits it for good, under `split_lock`.
+//!
+//! Locks: `split_lock` (a leaf, taken by a worker for the first 4 KiB move
+//! out of a PMD-mapped block). The zero and PMD bits are atomics: zero bits
+//! are Relaxed hints that only the frame's owner reads or writes (ordered by
+//! the allocator's lock handoff); a PMD bit is cleared (Release) under
+//! `split_lock` after the split and read (Acquire) before taking it.
+
+use faultline_sys::host;
+use faultline_sys::mem::{Advice, Mapping};
+use faultline_sys::uffd::{RegisterMode, Uffd};
+use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Pages per 2 MiB block.
+pub const PAGES_PER_HUGE: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
+/// Buddy order of a 2 MiB frame.
+pub const HUGE_ORDER: u8 = 9;
+
+/// A frame: a naturally aligned run of `2^order` pool slots starting at slot
+/// `index`. Owning a `Frame` value means owning the frame (it is not `Clone`):
+/// it is in flight with its holder, and goes back through the allocator.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Frame {
+    index: u32,
+    order: u8,
+}
+
+impl Frame {
+    /// Makes a frame from its parts. Only the allocator and the region's
+    /// resident-page bookkeeping create frames.
+    pub(crate) fn from_parts(index: u32, order: u8) -> Frame {
+        debug_assert!(
+            index % (1 << order) == 0,
+            "frame {index} not aligned to order {order}"
+        );
+        Frame { index, order }
+    }
+
+    /// First 4 KiB slot of the frame.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Buddy order (0: 4 KiB, 9: 2 MiB).
+    pub fn order(&self) -> u8 {
+        self.order
+    }
+
+    /// Number of 4 KiB pages.
+    pub fn pages(&self) -> usize {
+        1 << self.order
+    }
+
+    /// Bytes.
+    pub fn bytes(&self) -> usize {
+        self.pages() * PAGE_SIZE
+    }
+}
+
+/// Why a pool could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// A system call failed.
+    #[error("frame pool: {0}")]
+    Sys(#[from] SysError),
+}
+
+/// The frame pool. See the module docs.
+#[derive(Debug)]
+pub struct Pool {
+    map: Mapping,
+    pages: usize,
+    thp: bool,
+    zeroed: Box<[AtomicU64]>,
+    pmd_mapped: Box<[AtomicBool]>,
+    split_lock: Mutex<()>,
+}
+
+/// Held for the first 4 KiB move out of a PMD-mapped block; see
+/// [`Pool::split_guard`].
+#[derive(Debug)]
+pub struct SplitGuard<'a> {
+    flag: &'a AtomicBool,
+    _lock: MutexGuard<'a, ()>,
+}
+
+impl SplitGuard<'_> {
+    /// Records that the move happened, so the block is split now.
+    pub fn mark_split(self) {
+        self.flag.store(false, Ordering::Release);
+    }
+}
+
+impl Pool {
+    /// Maps, populates and registers a pool of `bytes` (a multiple of 2 MiB).
+    pub fn new(bytes: usize, uffd: &Uffd) -> Result<Pool, PoolError> {
+        debug_assert!(bytes % HUGE_PAGE_SIZE == 0 && bytes > 0);
+        let map = Mapping::anonymous(bytes, HUGE_PAGE_SIZE)?;
+        let thp =
+            host::thp_mode().usable() && map.advise(map.addr(), bytes, Advice::HugePage).is_ok();
+        // Frames must stay exclusive to this process for UFFDIO_MOVE: a child
+        // of fork() must not share them copy-on-write.
+        map.advise(map.addr(), bytes, Advice::DontFork)?;
+        map.advise(map.addr(), bytes, Advice::PopulateWrite)?;
+        uffd.register(
+            map.addr(),
+            bytes,
+            RegisterMode {
+                missing: false,
+                wp: true,
+            },
+        )?;
+        let pages = bytes / PAGE_SIZE;
+        let zeroed = (0..pages.div_ceil(64))
+            .map(|_| AtomicU64::new(u64::MAX))
+            .collect();
+        let pmd_mapped = (0..pages / PAGES_PER_HUGE)
+            .map(|_| AtomicBool::new(thp))
+            .collect();
+        Ok(Pool {
+            map,
+            pages,
+            thp,
+            zeroed,
+            pmd_mapped,
+            split_lock: Mutex::new(()),
+        })
+    }
+
+    /// Number of 4 KiB slots.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Whether the pool is backed by transparent huge pages (2 MiB frames
+    /// move as one PMD).
+    pub fn thp(&self) -> bool {
+        self.thp
+    }
+
+    /// Address of a frame's first byte.
+    pub fn addr_of(&self, frame: &Frame) -> usize {
+        self.map.addr() + frame.index as usize * PAGE_SIZE
+    }
+
+    /// Address of slot `index`.
+    pub fn slot_addr(&self, index: u32) -> usize {
+        self.map.addr() + index as usize * PAGE_SIZE
+    }
+
+    /// Whether every page of the frame is known to be zero.
+    pub fn is_zeroed(&self, frame: &Frame) -> bool {
+        let first = frame.index as usize;
+        let n = frame.pages();
+        if n >= 64 {
+            self.zeroed[first / 64..(first + n) / 64]
+                .iter()
+                .all(|w| w.load(Ordering::Relaxed) == u64::MAX)
+        } else {
+            let mask = (u64::MAX >> (64 - n)) << (first % 64);
+            self.zeroed[first / 64].load(Ordering::Relaxed) & mask == mask
+        }
+    }
+
+    /// Records whether the frame's pages are all zero.
+    pub fn set_zeroed(&self, frame: &Frame, zero: bool) {
+        let first = frame.index as usize;
+        let n = frame.pages();
+        if n >= 64 {
+            for w in &self.zeroed[first / 64..(first + n) / 64] {
+                w.store(if zero { u64::MAX } else { 0 }, Ordering::Relaxed);
+            }
+        } else {
+            let mask = (u64::MAX >> (64 - n)) << (first % 64);
+            if zero {
+                self.zeroed[first / 64].fetch_or(mask, Ordering::Relaxed);
+            } else {
+                self.zeroed[first / 64].fetch_and(!mask, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The bytes of a frame, for filling it. The `&mut Frame` borrow stands
+    /// for ownership of the frame for as long as the slice lives.
+    ///
+    /// # Safety
+    /// `frame` is in flight (neither free nor mapped in a region), so its
+    /// slots are populated, and it was allocated from this pool.
+    pub unsafe fn bytes_mut<'a>(&'a self, frame: &'a mut Frame) -> &'a mut [u8] {
+        debug_assert!(frame.index as usize + frame.pages() <= self.pages);
+        // SAFETY: the frame lies inside the pool mapping (allocator invariant),
+        // its slots are populated (pool invariant for in-flight frames), and
+        // only the holder of the unique `&mut Frame` may access its bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.addr_of(frame) as *mut u8, frame.bytes()) }
+    }
+
+    /// For a 4 KiB frame of a block that is still one PMD-mapped THP: the
+    /// split lock, to be held across the move that splits the block.
+    pub fn split_guard(&self, frame: &Frame) -> Option<SplitGuard<'_>> {
+        if frame.order() != 0 {
+            return None;
+        }
+        let flag = &self.pmd_mapped[frame.index() as usize / PAGES_PER_HUGE];
+        if !flag.load(Ordering::Acquire) {
+            return None;
+        }
+        let lock = self.split_lock.lock();
+        // Re-check: the holder before us may have split it.
+        flag.load(Ordering::Acquire)
+            .then_some(SplitGuard { flag, _lock: lock })
+    }
+
+    /// Whether the pool page at `addr` is populated (a frame's slot is a hole
+    /// while the frame is mapped in a region).
+    pub fn slot_present(&self, addr: usize) -> bool {
+        self.map
+            .is_resident(addr & !(PAGE_SIZE - 1), PAGE_SIZE)
+            .unwrap_or(true)
+    }
+
+    /// Refills slot range of `frame` after its page went missing (a move
+    /// back found the region page gone): touches it so the kernel populates it.
+    pub fn repopulate(&self, frame: &Frame) -> Result<(), SysError> {
+        self.map
+            .advise(self.addr_of(frame), frame.bytes(), Advice::PopulateWrite)
+    }
+}

@@ -1,0 +1,499 @@
+//! The manager: builds the pool, the userfaultfd context and the workers from
+//! a [`Config`], maps regions, and tears everything down in order.
+//!
+//! Ownership: workers hold an `Arc<Core>` (userfaultfd, pool, allocator,
+//! region table, locks, stats). The [`Manager`] and every [`Region`] hold an
+//! `Arc<Service>`, which owns the worker threads; when the last of them is
+//! dropped, `Service::drop` signals the shutdown eventfd and joins the
+//! workers. A region therefore keeps its workers alive even if the
+//! `Manager` handle is dropped first, and the pool outlives every region.
+//!
+//! Region teardown (`Region::drop`): remove from the table (no new lookup
+//! finds it) → `dying = true` → unregister (blocked threads wake) → for each
+//! resident page, under its fault lock, move the frame back to its pool slot
+//! and free it → the mapping is unmapped when the last `Arc<RegionInner>`
+//! (perhaps a worker's) goes.
+//!
+//! Locks: the error queue mutex (leaf), plus those of the table, allocator
+//! and fault locks described in their modules.
+
+use crate::config::{Config, ConfigError, LockMode, MapOptions, PageSize};
+use crate::fault::{service, FaultError, FaultLocks};
+use crate::frame::{Frame, FrameAllocator, LockedAllocator, Pool, PoolError};
+use crate::region::{PageState, RegionInner, RegionTable};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::store::Store;
+use faultline_sys::mem::{Advice, Mapping};
+use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Resolved, Uffd};
+use faultline_sys::SysError;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// At most this many fault errors are queued; older ones are dropped (and
+/// still counted in the stats).
+const ERROR_QUEUE: usize = 1024;
+
+/// Why a manager could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// No usable userfaultfd.
+    #[error(transparent)]
+    Uffd(#[from] OpenError),
+    /// The frame pool could not be set up.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// Another system call failed.
+    #[error("{0}")]
+    Sys(#[from] SysError),
+    /// A worker thread could not be started.
+    #[error("starting fault worker: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Why a region could not be mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// Zero length.
+    #[error("a region cannot be empty")]
+    ZeroLength,
+    /// Length not a multiple of the page size (refused, not rounded).
+    #[error("length {len} is not a multiple of the {page} page size")]
+    Unaligned {
+        /// The length asked for.
+        len: usize,
+        /// The region's page size.
+        page: &'static str,
+    },
+    /// 2 MiB pages without transparent huge pages.
+    #[error(
+        "2 MiB pages need transparent huge pages, which this kernel has disabled \
+         (/sys/kernel/mm/transparent_hugepage/enabled is [never]); use 4 KiB pages or enable THP (madvise or always)"
+    )]
+    NoHugePages,
+    /// The region is larger than the address space allows.
+    #[error("length {len} is too large")]
+    TooLarge {
+        /// The length asked for.
+        len: usize,
+    },
+    /// A system call failed.
+    #[error("{0}")]
+    Sys(#[from] SysError),
+}
+
+/// A bad address passed to an API call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AddrError {
+    /// The address lies in no region of this manager (or not in this region).
+    #[error("address {addr:#x} is not in a faultline region")]
+    Foreign {
+        /// The address.
+        addr: usize,
+    },
+    /// The address is not aligned to the region's page size.
+    #[error("address {addr:#x} is not aligned to the {page} page size")]
+    Unaligned {
+        /// The address.
+        addr: usize,
+        /// The region's page size.
+        page: &'static str,
+    },
+}
+
+/// State shared by the workers and the handles.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) config: Config,
+    pub(crate) uffd: Uffd,
+    pub(crate) pool: Pool,
+    pub(crate) alloc: Box<dyn FrameAllocator>,
+    pub(crate) table: RegionTable,
+    pub(crate) locks: FaultLocks,
+    pub(crate) stats: Stats,
+    errors: Mutex<VecDeque<FaultError>>,
+    next_id: AtomicU64,
+}
+
+impl Core {
+    /// Queues a fault error for the API to return.
+    pub(crate) fn record(&self, e: FaultError) {
+        Stats::bump(&self.stats.errors);
+        let mut q = self.errors.lock();
+        if q.len() == ERROR_QUEUE {
+            q.pop_front();
+        }
+        q.push_back(e);
+    }
+
+    /// Removes and returns the oldest queued error that `pick` accepts.
+    fn take_error(&self, pick: impl Fn(&FaultError) -> bool) -> Option<FaultError> {
+        let mut q = self.errors.lock();
+        let i = q.iter().position(pick)?;
+        q.remove(i)
+    }
+}
+
+/// Owns the worker threads; see the module docs.
+#[derive(Debug)]
+struct Service {
+    core: Arc<Core>,
+    shutdown: EventFd,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // If signalling fails the workers would block forever; there is no
+        // way to report it from drop, and joining would hang, so detach then.
+        if self.shutdown.signal().is_ok() {
+            for w in self.workers.drain(..) {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+/// Builds a [`Manager`].
+#[derive(Debug, Clone, Default)]
+pub struct ManagerBuilder {
+    config: Config,
+}
+
+impl ManagerBuilder {
+    /// Bytes of frames faultline may hold (a multiple of 2 MiB).
+    pub fn budget(mut self, bytes: usize) -> Self {
+        self.config.budget = bytes;
+        self
+    }
+
+    /// Number of fault workers (the lock table follows: `2 x workers`
+    /// rounded up to a power of two, at least 16).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.config.workers = n;
+        self.config.fault_locks = (2 * n).next_power_of_two().max(16);
+        self
+    }
+
+    /// Whether workers are pinned one per CPU.
+    pub fn pin_workers(mut self, pin: bool) -> Self {
+        self.config.pin_workers = pin;
+        self
+    }
+
+    /// Fault lock discipline.
+    pub fn locks(mut self, mode: LockMode) -> Self {
+        self.config.locks = mode;
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Validates the configuration, opens the userfaultfd, populates the pool
+    /// and starts the workers.
+    pub fn build(self) -> Result<Manager, BuildError> {
+        let config = self.config;
+        config.validate()?;
+        let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features(0))?;
+        let pool = Pool::new(config.budget, &uffd)?;
+        let alloc: Box<dyn FrameAllocator> = Box::new(LockedAllocator::new(pool.pages()));
+        let core = Arc::new(Core {
+            locks: FaultLocks::new(config.locks, config.fault_locks),
+            stats: Stats::new(config.workers),
+            table: RegionTable::new(),
+            errors: Mutex::new(VecDeque::new()),
+            next_id: AtomicU64::new(1),
+            config,
+            uffd,
+            pool,
+            alloc,
+        });
+        let shutdown = EventFd::new()?;
+        let mut service = Service {
+            core: Arc::clone(&core),
+            shutdown,
+            workers: Vec::new(),
+        };
+        let fd: RawFd = service.shutdown.raw_fd();
+        for i in 0..core.config.workers {
+            let c = Arc::clone(&core);
+            let h = std::thread::Builder::new()
+                .name(format!("faultline-w{i}"))
+                .spawn(move || service::run_worker(c, i, fd))
+                .map_err(BuildError::Thread)?;
+            service.workers.push(h);
+        }
+        Ok(Manager {
+            service: Arc::new(service),
+        })
+    }
+}
+
+/// A user-space memory manager. See the crate docs.
+#[derive(Debug, Clone)]
+pub struct Manager {
+    service: Arc<Service>,
+}
+
+impl Manager {
+    /// A builder with the default configuration.
+    pub fn builder() -> ManagerBuilder {
+        ManagerBuilder::default()
+    }
+
+    fn core(&self) -> &Core {
+        &self.service.core
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.core().config
+    }
+
+    /// Maps a region of `len` bytes (a multiple of the page size in `opts`)
+    /// whose pages are filled from `store` on first touch.
+    pub fn map(
+        &self,
+        len: usize,
+        store: impl Store + 'static,
+        opts: MapOptions,
+    ) -> Result<Region, MapError> {
+        self.map_shared(len, Arc::new(store), opts)
+    }
+
+    /// Like [`Manager::map`], with a store shared with other regions.
+    pub fn map_shared(
+        &self,
+        len: usize,
+        store: Arc<dyn Store>,
+        opts: MapOptions,
+    ) -> Result<Region, MapError> {
+        let page = opts.page_size;
+        if len == 0 {
+            return Err(MapError::ZeroLength);
+        }
+        if len % page.bytes() != 0 {
+            return Err(MapError::Unaligned {
+                len,
+                page: page.name(),
+            });
+        }
+        if len > isize::MAX as usize / 2 {
+            return Err(MapError::TooLarge { len });
+        }
+        if page == PageSize::Huge2M && !self.core().pool.thp() {
+            return Err(MapError::NoHugePages);
+        }
+        let map = Mapping::anonymous(len, page.bytes())?;
+        map.advise(map.addr(), len, Advice::NoHugePage)?;
+        map.advise(map.addr(), len, Advice::DontFork)?;
+        let core = self.core();
+        core.uffd.register(
+            map.addr(),
+            len,
+            RegisterMode {
+                missing: true,
+                wp: false,
+            },
+        )?;
+        let id = core.next_id.fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::new(RegionInner::new(id, map, page, store));
+        core.table.insert(Arc::clone(&inner));
+        Ok(Region {
+            inner,
+            service: Arc::clone(&self.service),
+        })
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> StatsSnapshot {
+        let c = self.core();
+        c.stats.snapshot(c.pool.pages(), c.alloc.free_pages())
+    }
+
+    /// The oldest fault error not yet returned, if any (a fault that could not
+    /// be served poisons its page and queues its cause here).
+    pub fn take_error(&self) -> Option<FaultError> {
+        self.core().take_error(|_| true)
+    }
+
+    /// Number of mapped regions.
+    pub fn regions(&self) -> usize {
+        self.core().table.len()
+    }
+
+    /// The page size and range of the region holding `addr`.
+    pub fn region_at(&self, addr: usize) -> Result<(usize, usize, PageSize), AddrError> {
+        let r = self
+            .core()
+            .table
+            .lookup(addr)
+            .ok_or(AddrError::Foreign { addr })?;
+        Ok((r.start(), r.end(), r.page_size))
+    }
+
+    /// The userfaultfd features in use.
+    pub fn features(&self) -> Vec<&'static str> {
+        self.core().uffd.features().names()
+    }
+}
+
+/// A managed region. Its pages fault into faultline on first touch; dropping
+/// it moves its frames back to the pool and unmaps it.
+#[derive(Debug)]
+pub struct Region {
+    inner: Arc<RegionInner>,
+    service: Arc<Service>,
+}
+
+impl Region {
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.map.as_ptr()
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> usize {
+        self.inner.start()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.map.len()
+    }
+
+    /// Always false: regions are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Page size.
+    pub fn page_size(&self) -> PageSize {
+        self.inner.page_size
+    }
+
+    /// The region's bytes. Reading an untouched page faults it in.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is valid for `len` bytes for as long as `self`
+        // lives (it is unmapped only after teardown in drop), and faultline
+        // only ever changes a page's content by filling a hole with the data
+        // it logically holds (zeros, or the store's bytes), which a reader
+        // cannot tell from the page having been there all along.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+    }
+
+    /// The region's bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) }
+    }
+
+    /// Number of resident pages.
+    pub fn resident_pages(&self) -> usize {
+        self.inner.resident()
+    }
+
+    /// Whether the page at `addr` (page aligned, inside this region) is
+    /// resident.
+    pub fn is_resident(&self, addr: usize) -> Result<bool, AddrError> {
+        if !self.inner.contains(addr) {
+            return Err(AddrError::Foreign { addr });
+        }
+        if addr % self.inner.page_size.bytes() != 0 {
+            return Err(AddrError::Unaligned {
+                addr,
+                page: self.inner.page_size.name(),
+            });
+        }
+        Ok(matches!(
+            self.inner.state(self.inner.page_of(addr)),
+            PageState::Resident(_)
+        ))
+    }
+
+    /// The oldest queued fault error concerning this region, if any.
+    pub fn take_error(&self) -> Option<FaultError> {
+        let r = &self.inner;
+        self.service
+            .core
+            .take_error(|e| e.addr().is_some_and(|a| r.contains(a)))
+    }
+
+    fn teardown(&self) {
+        let core = &self.service.core;
+        let r = &self.inner;
+        core.table.remove(r.id);
+        r.set_dying();
+        if let Err(e) = core.uffd.unregister(r.start(), r.map.len()) {
+            core.record(FaultError::Move {
+                addr: r.start(),
+                source: e,
+            });
+        }
+        let order = r.page_size.order();
+        let len = r.page_size.bytes();
+        let mut freed: Vec<Frame> = Vec::new();
+        for page in 0..r.pages() {
+            if !matches!(r.state(page), PageState::Resident(_)) {
+                continue;
+            }
+            let _g = core.locks.lock(r.id, page as u64);
+            let PageState::Resident(idx) = r.state(page) else {
+                continue;
+            };
+            let frame = Frame::from_parts(idx, order);
+            let slot = core.pool.addr_of(&frame);
+            // SAFETY: `slot` is the hole this frame left in the pool and the
+            // region page is resident; after unregistering, nothing but this
+            // teardown (holding the page lock) changes either.
+            let moved = unsafe {
+                core.uffd
+                    .move_pages(slot, r.page_addr(page), len, true, false)
+            };
+            match moved {
+                Ok(Resolved::Done) => {}
+                Ok(Resolved::Exists { .. }) => {
+                    // The slot was refilled behind our back: it is populated,
+                    // which is all a free frame needs.
+                }
+                other => {
+                    // The region page is gone (or could not move): give the
+                    // slot fresh memory so the pool stays populated.
+                    if let Err(e) = other {
+                        core.record(FaultError::Move {
+                            addr: r.page_addr(page),
+                            source: e,
+                        });
+                    }
+                    if let Err(e) = core.pool.repopulate(&frame) {
+                        core.record(FaultError::Move {
+                            addr: slot,
+                            source: e,
+                        });
+                    }
+                }
+            }
+            core.pool.set_zeroed(&frame, false);
+            r.set_state(page, PageState::Absent);
+            freed.push(frame);
+            Stats::bump(&core.stats.unmapped_pages);
+        }
+        core.alloc.free_bulk(&mut freed);
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}

@@ -1,0 +1,144 @@
+//! Managed regions: the virtual ranges faultline serves faults on, and the
+//! table that finds a region by address ([`table`]).
+//!
+//! A region is one anonymous mapping registered with the manager's
+//! userfaultfd in missing mode, with `MADV_NOHUGEPAGE` (so the kernel never
+//! allocates and clears a THP of its own before reporting a write fault: the
+//! ~120 µs waste of DESIGN.md) and `MADV_DONTFORK` (so its frames stay
+//! exclusive to this process, which `UFFDIO_MOVE` requires).
+//!
+//! Per-page state, one `AtomicU32` per page:
+//! `0 = absent`, `POISONED = poisoned`, otherwise `frame index + 1`
+//! (resident, backed by that pool frame). Invariant: a page's state changes
+//! only under its fault lock (see [`crate::fault::locks`]). It is set to
+//! resident *before* the move that wakes the faulting threads, and stored with
+//! Release; readers without the lock (the API, teardown's scan) load with
+//! Acquire, so a thread that has seen its page's content also sees the page
+//! resident.
+//!
+//! `dying` goes true (SeqCst) before teardown takes the first fault lock; a
+//! worker checks it under the page's lock, so either the worker maps the page
+//! before teardown visits it (and teardown moves it back), or it sees `dying`
+//! and only wakes.
+
+pub mod table;
+
+use crate::config::PageSize;
+use crate::store::Store;
+use faultline_sys::mem::Mapping;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+pub use table::RegionTable;
+
+const POISONED: u32 = u32::MAX;
+
+/// State of one page of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// Never touched (or unmapped): the next touch faults.
+    Absent,
+    /// Mapped, backed by this pool frame index.
+    Resident(u32),
+    /// Poisoned after an unservable fault: touches raise SIGBUS.
+    Poisoned,
+}
+
+/// The shared part of a region: what the fault path needs.
+#[derive(Debug)]
+pub struct RegionInner {
+    pub(crate) id: u64,
+    pub(crate) map: Mapping,
+    pub(crate) page_size: PageSize,
+    pub(crate) store: Arc<dyn Store>,
+    pages: Box<[AtomicU32]>,
+    dying: AtomicBool,
+}
+
+impl RegionInner {
+    pub(crate) fn new(
+        id: u64,
+        map: Mapping,
+        page_size: PageSize,
+        store: Arc<dyn Store>,
+    ) -> RegionInner {
+        let n = map.len() / page_size.bytes();
+        RegionInner {
+            id,
+            map,
+            page_size,
+            store,
+            pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            dying: AtomicBool::new(false),
+        }
+    }
+
+    /// First byte.
+    pub fn start(&self) -> usize {
+        self.map.addr()
+    }
+
+    /// One past the last byte.
+    pub fn end(&self) -> usize {
+        self.map.addr() + self.map.len()
+    }
+
+    /// Whether `addr` lies inside.
+    pub fn contains(&self, addr: usize) -> bool {
+        addr >= self.start() && addr < self.end()
+    }
+
+    /// Number of pages.
+    pub fn pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Index of the page holding `addr` (which must lie inside).
+    pub fn page_of(&self, addr: usize) -> usize {
+        (addr - self.start()) / self.page_size.bytes()
+    }
+
+    /// Address of page `page`.
+    pub fn page_addr(&self, page: usize) -> usize {
+        self.start() + page * self.page_size.bytes()
+    }
+
+    /// State of page `page`. Exact under the page's fault lock.
+    pub fn state(&self, page: usize) -> PageState {
+        match self.pages[page].load(Ordering::Acquire) {
+            0 => PageState::Absent,
+            POISONED => PageState::Poisoned,
+            f => PageState::Resident(f - 1),
+        }
+    }
+
+    /// Sets the state of page `page`. Caller holds the page's fault lock.
+    pub(crate) fn set_state(&self, page: usize, state: PageState) {
+        let v = match state {
+            PageState::Absent => 0,
+            PageState::Poisoned => POISONED,
+            PageState::Resident(f) => f + 1,
+        };
+        self.pages[page].store(v, Ordering::Release);
+    }
+
+    /// Number of resident pages (a racy count, exact when no fault is in
+    /// flight).
+    pub fn resident(&self) -> usize {
+        self.pages
+            .iter()
+            .filter(|p| !matches!(p.load(Ordering::Acquire), 0 | POISONED))
+            .count()
+    }
+
+    /// Whether teardown has begun.
+    pub(crate) fn dying(&self) -> bool {
+        self.dying.load(Ordering::SeqCst)
+    }
+
+    /// Marks teardown begun; pairs with the `dying()` load a worker makes
+    /// under a fault lock that teardown takes afterwards.
+    pub(crate) fn set_dying(&self) {
+        self.dying.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,257 @@
+//! Statistics: event counters and a fault service-time histogram.
+//!
+//! Counters are `Relaxed` atomics: each is an independent tally, read only
+//! for reporting, and never used to order other memory. The histogram is
+//! split per worker (`hist[worker]`, each behind its own uncontended mutex)
+//! and merged when a snapshot is taken.
+//!
+//! Service time is measured in the worker from the moment it picks the event
+//! up to the moment the page is resolved; the latency an application thread
+//! sees adds the kernel's queueing and the wake-ups (see `faultline bench
+//! fault` for that).
+
+use crossbeam_utils::CachePadded;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Shared counters, updated by the fault path.
+#[derive(Debug)]
+pub struct Stats {
+    pub(crate) faults_4k: AtomicU64,
+    pub(crate) faults_2m: AtomicU64,
+    pub(crate) moves: AtomicU64,
+    pub(crate) already_mapped: AtomicU64,
+    pub(crate) refaulted_dropped: AtomicU64,
+    pub(crate) stray: AtomicU64,
+    pub(crate) poisoned: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) fills_cleared: AtomicU64,
+    pub(crate) fills_prezeroed: AtomicU64,
+    pub(crate) fills_store: AtomicU64,
+    pub(crate) move_retries: AtomicU64,
+    pub(crate) move_misreported: AtomicU64,
+    pub(crate) pt_discards: AtomicU64,
+    pub(crate) unmapped_pages: AtomicU64,
+    hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
+}
+
+fn new_hist() -> Histogram<u64> {
+    // 1 ns .. 100 s at 3 significant digits; the bounds are constants, so
+    // this cannot fail.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3)
+        .unwrap_or_else(|_| unreachable!("constant bounds"))
+}
+
+impl Stats {
+    /// Counters at zero, with one histogram per worker.
+    pub fn new(workers: usize) -> Stats {
+        Stats {
+            faults_4k: AtomicU64::new(0),
+            faults_2m: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
+            already_mapped: AtomicU64::new(0),
+            refaulted_dropped: AtomicU64::new(0),
+            stray: AtomicU64::new(0),
+            poisoned: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            fills_cleared: AtomicU64::new(0),
+            fills_prezeroed: AtomicU64::new(0),
+            fills_store: AtomicU64::new(0),
+            move_retries: AtomicU64::new(0),
+            move_misreported: AtomicU64::new(0),
+            pt_discards: AtomicU64::new(0),
+            unmapped_pages: AtomicU64::new(0),
+            hist: (0..workers.max(1))
+                .map(|_| CachePadded::new(Mutex::new(new_hist())))
+                .collect(),
+        }
+    }
+
+    /// Adds one to `c`.
+    #[inline]
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one fault's service time.
+    pub(crate) fn record_service(&self, worker: usize, ns: u64) {
+        let mut h = self.hist[worker % self.hist.len()].lock();
+        h.saturating_record(ns.max(1));
+    }
+
+    /// A consistent-enough copy of every counter (each read individually).
+    pub fn snapshot(&self, frames_total: usize, frames_free: usize) -> StatsSnapshot {
+        let mut merged = new_hist();
+        for h in self.hist.iter() {
+            // Both histograms share bounds; adding cannot fail.
+            let _ = merged.add(&*h.lock());
+        }
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            faults_4k: r(&self.faults_4k),
+            faults_2m: r(&self.faults_2m),
+            moves: r(&self.moves),
+            already_mapped: r(&self.already_mapped),
+            refaulted_dropped: r(&self.refaulted_dropped),
+            stray: r(&self.stray),
+            poisoned: r(&self.poisoned),
+            errors: r(&self.errors),
+            fills_cleared: r(&self.fills_cleared),
+            fills_prezeroed: r(&self.fills_prezeroed),
+            fills_store: r(&self.fills_store),
+            move_retries: r(&self.move_retries),
+            move_misreported: r(&self.move_misreported),
+            pt_discards: r(&self.pt_discards),
+            unmapped_pages: r(&self.unmapped_pages),
+            frames_total,
+            frames_free,
+            service: LatencySummary::of(&merged),
+        }
+    }
+}
+
+/// Percentiles of a latency histogram, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct LatencySummary {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Maximum.
+    pub max_ns: u64,
+    /// Mean.
+    pub mean_ns: f64,
+}
+
+impl LatencySummary {
+    /// Summarizes `h`.
+    pub fn of(h: &Histogram<u64>) -> LatencySummary {
+        if h.is_empty() {
+            return LatencySummary::default();
+        }
+        LatencySummary {
+            count: h.len(),
+            p50_ns: h.value_at_quantile(0.5),
+            p99_ns: h.value_at_quantile(0.99),
+            max_ns: h.max(),
+            mean_ns: h.mean(),
+        }
+    }
+}
+
+/// A copy of the manager's statistics at one moment.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StatsSnapshot {
+    /// Faults served on 4 KiB-page regions.
+    pub faults_4k: u64,
+    /// Faults served on 2 MiB-page regions.
+    pub faults_2m: u64,
+    /// `UFFDIO_MOVE`s that mapped a frame.
+    pub moves: u64,
+    /// Faults that found their page already mapped (a racing thread's fault
+    /// was served first): only a wake-up.
+    pub already_mapped: u64,
+    /// Faults on pages the application had dropped (`MADV_DONTNEED`); their
+    /// frame slot was refilled and the page served again.
+    pub refaulted_dropped: u64,
+    /// Events for addresses in no region (a region being unmapped).
+    pub stray: u64,
+    /// Pages poisoned because their fault could not be served (SIGBUS).
+    pub poisoned: u64,
+    /// Errors recorded (see [`crate::Manager::take_error`]).
+    pub errors: u64,
+    /// Frames cleared on the fault path.
+    pub fills_cleared: u64,
+    /// Frames that were already zero.
+    pub fills_prezeroed: u64,
+    /// Frames filled from a store.
+    pub fills_store: u64,
+    /// `UFFDIO_MOVE` calls retried after `EAGAIN`.
+    pub move_retries: u64,
+    /// Moves the kernel reported as failed (`EAGAIN`/`EEXIST`) although the
+    /// page tables show they happened (see `fault::service::move_frame`).
+    pub move_misreported: u64,
+    /// Empty page tables dropped before a 2 MiB move.
+    pub pt_discards: u64,
+    /// Pages moved back to the pool when their region was unmapped.
+    pub unmapped_pages: u64,
+    /// Pool size in 4 KiB frames.
+    pub frames_total: usize,
+    /// Free 4 KiB frames.
+    pub frames_free: usize,
+    /// Worker service time per fault.
+    pub service: LatencySummary,
+}
+
+impl StatsSnapshot {
+    /// Faults of both page sizes.
+    pub fn faults(&self) -> u64 {
+        self.faults_4k + self.faults_2m
+    }
+}
+
+impl fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let used = self.frames_total - self.frames_free;
+        writeln!(
+            f,
+            "faults      {} (4k {}, 2m {}), moves {}, already mapped {}, stray {}",
+            self.faults(),
+            self.faults_4k,
+            self.faults_2m,
+            self.moves,
+            self.already_mapped,
+            self.stray
+        )?;
+        writeln!(
+            f,
+            "fills       cleared {}, pre-zeroed {}, from store {}; page-table discards {}",
+            self.fills_cleared, self.fills_prezeroed, self.fills_store, self.pt_discards
+        )?;
+        writeln!(
+            f,
+            "frames      {} used, {} free of {} ({} MiB pool)",
+            used,
+            self.frames_free,
+            self.frames_total,
+            (self.frames_total * 4096) >> 20
+        )?;
+        writeln!(
+            f,
+            "errors      {} (poisoned pages {}, move retries {}, misreported moves {})",
+            self.errors, self.poisoned, self.move_retries, self.move_misreported
+        )?;
+        write!(
+            f,
+            "service     n={} p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+            self.service.count,
+            self.service.p50_ns as f64 / 1e3,
+            self.service.p99_ns as f64 / 1e3,
+            self.service.max_ns as f64 / 1e3
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_merges_workers() {
+        let s = Stats::new(2);
+        s.record_service(0, 1_000);
+        s.record_service(1, 3_000);
+        s.record_service(7, 2_000);
+        Stats::bump(&s.faults_4k);
+        let snap = s.snapshot(512, 100);
+        assert_eq!(snap.service.count, 3);
+        assert!((1_990..=2_010).contains(&snap.service.p50_ns));
+        assert_eq!(snap.faults(), 1);
+        let text = snap.to_string();
+        assert!(text.contains("412 used"), "{text}");
+    }
+}
