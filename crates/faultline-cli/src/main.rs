@@ -1,2 +1,57 @@
-//! The `faultline` command.
-fn main() {}
+//! The `faultline` command: drives the library — the demo, and the
+//! benchmarks of BENCHMARKS.md. It makes no system calls of its own beyond
+//! what `faultline-sys` offers for the kernel baselines.
+
+mod bench;
+mod demo;
+mod report;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "faultline",
+    version,
+    about = "A user-space virtual memory manager (userfaultfd + UFFDIO_MOVE)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Map a region larger than the touched set, touch it from 2 threads,
+    /// print throughput and statistics.
+    Demo(demo::DemoOpts),
+    /// Run an experiment (see BENCHMARKS.md).
+    Bench {
+        #[command(subcommand)]
+        which: Which,
+    },
+}
+
+#[derive(Subcommand)]
+enum Which {
+    /// First-touch cost of a 4 KiB and a 2 MiB page: kernel vs faultline.
+    Fault(bench::BenchOpts),
+}
+
+fn main() -> anyhow::Result<()> {
+    // Fault errors are logged as warnings on stderr (RUST_LOG overrides).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Demo(opts) => demo::run(&opts),
+        Cmd::Bench { which } => {
+            let (report, json) = match which {
+                Which::Fault(o) => (bench::fault::run(&o)?, o.json),
+            };
+            report.print(json)
+        }
+    }
+}

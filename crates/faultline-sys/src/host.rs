@@ -29,6 +29,36 @@ pub fn thp_mode() -> ThpMode {
     }
 }
 
+/// The kernel release (`uname -r`).
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain data; all-zero is a valid value.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid utsname to fill.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::from("unknown");
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The CPU model name, from `/proc/cpuinfo`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| String::from("unknown"))
+}
+
 /// Bytes of physical memory (`sysconf(_SC_PHYS_PAGES) * page size`).
 pub fn physical_memory() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -8,8 +8,8 @@
 //!
 //! Outcomes: a resolving ioctl returns [`Resolved`]. `EAGAIN` (partial
 //! progress, or the range changed under us), `EEXIST` (the destination is
-//! already mapped) and `ENOENT` (`MOVE` found a hole in the source) are
-//! outcomes; every other errno is a [`SysError`] naming the ioctl, the range
+//! already mapped), and for `MOVE` `ENOENT` (a hole in the source) and
+//! `EBUSY` (the source page cannot move right now) are outcomes; every other errno is a [`SysError`] naming the ioctl, the range
 //! and the errno. For each `Resolved` variant, `done` bytes from the start of
 //! the range were resolved before the ioctl stopped.
 //!
@@ -259,6 +259,13 @@ pub enum Resolved {
         /// Bytes resolved before stopping.
         done: usize,
     },
+    /// `EBUSY` (MOVE only): the source page is pinned, shared, or its large
+    /// folio could not be split right now (e.g. an extra reference held
+    /// briefly elsewhere); retry later.
+    Busy {
+        /// Bytes resolved before stopping.
+        done: usize,
+    },
 }
 
 /// One event read from the context.
@@ -478,6 +485,7 @@ impl Uffd {
             libc::EAGAIN => Ok(Resolved::Retry { done }),
             libc::EEXIST => Ok(Resolved::Exists { done }),
             libc::ENOENT if op == "UFFDIO_MOVE" => Ok(Resolved::SourceHole { done }),
+            libc::EBUSY if op == "UFFDIO_MOVE" => Ok(Resolved::Busy { done }),
             _ => Err(SysError {
                 op,
                 addr,
@@ -712,6 +720,72 @@ impl Uffd {
     /// The raw fd, for diagnostics.
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+/// An epoll instance watching a userfaultfd and a shutdown eventfd; with
+/// `exclusive`, the userfaultfd is added with `EPOLLEXCLUSIVE`, so an event
+/// wakes one waiting worker instead of all of them.
+#[derive(Debug)]
+pub struct Waiter {
+    ep: OwnedFd,
+}
+
+impl Waiter {
+    /// Watches `uffd` (token 0) and `other` (token 1).
+    pub fn new(uffd: &Uffd, other: RawFd, exclusive: bool) -> Result<Waiter, SysError> {
+        // SAFETY: epoll_create1 takes a flag word and returns a new fd.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(SysError::last("epoll_create1", 0, 0));
+        }
+        // SAFETY: a fresh fd from the kernel, owned by nobody else.
+        let ep = unsafe { OwnedFd::from_raw_fd(fd) };
+        let excl = if exclusive {
+            libc::EPOLLEXCLUSIVE as u32
+        } else {
+            0
+        };
+        for (target, token, flags) in [
+            (uffd.raw_fd(), 0u64, libc::EPOLLIN as u32 | excl),
+            (other, 1, libc::EPOLLIN as u32),
+        ] {
+            let mut ev = libc::epoll_event {
+                events: flags,
+                u64: token,
+            };
+            // SAFETY: `ep` and `target` are open fds; `ev` is a valid event.
+            let rc =
+                unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, target, &mut ev) };
+            if rc != 0 {
+                return Err(SysError::last("epoll_ctl", 0, 0));
+            }
+        }
+        Ok(Waiter { ep })
+    }
+
+    /// Blocks until the userfaultfd or the other fd is readable, or
+    /// `timeout_ms` passes (-1: forever).
+    pub fn wait(&self, timeout_ms: i32) -> Result<Ready, SysError> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        loop {
+            // SAFETY: `evs` has room for the 2 events asked for.
+            let n =
+                unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 2, timeout_ms) };
+            if n < 0 {
+                if last_errno() == libc::EINTR {
+                    continue;
+                }
+                return Err(SysError::last("epoll_wait", 0, 0));
+            }
+            if n == 0 {
+                return Ok(Ready::Timeout);
+            }
+            if evs[..n as usize].iter().any(|e| e.u64 == 1) {
+                return Ok(Ready::Other);
+            }
+            return Ok(Ready::Events);
+        }
     }
 }
 

@@ -124,6 +124,7 @@ pub(crate) struct Core {
 impl Core {
     /// Queues a fault error for the API to return.
     pub(crate) fn record(&self, e: FaultError) {
+        tracing::warn!(error = %e, "fault error");
         Stats::bump(&self.stats.errors);
         let mut q = self.errors.lock();
         if q.len() == ERROR_QUEUE {

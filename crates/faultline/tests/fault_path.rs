@@ -86,10 +86,8 @@ fn random_touch(page_size: PageSize, len: usize) {
                         // SAFETY: as above; only thread t writes page p.
                         unsafe { ((base + p * ps) as *mut u8).write_volatile(pat) };
                         // SAFETY: as above.
-                        assert_eq!(
-                            unsafe { ((base + p * ps) as *const u8).read_volatile() },
-                            pat
-                        );
+                        let back = unsafe { ((base + p * ps) as *const u8).read_volatile() };
+                        assert_eq!(back, pat);
                     }
                 }
             });

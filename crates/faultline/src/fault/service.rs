@@ -18,8 +18,12 @@
 //! is released, so `free + mapped = pool pages` holds whenever no fault is in
 //! flight.
 //!
-//! Workers block in `poll(2)` on the userfaultfd and a shutdown eventfd; they
-//! never touch region memory, so they never fault themselves.
+//! Workers are pinned one per CPU and block in `epoll_wait` on the
+//! userfaultfd and a shutdown eventfd. An event wakes every idle worker (unless
+//! `exclusive_wake`); the one on the faulting thread's CPU runs first, since
+//! that CPU has just gone idle, and takes the event — the others find nothing
+//! and sleep again. Workers never touch region memory, so they never fault
+//! themselves.
 
 use super::FaultError;
 use crate::config::PageSize;
@@ -28,7 +32,7 @@ use crate::frame::Frame;
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
-use faultline_sys::uffd::{Event, Ready, Resolved};
+use faultline_sys::uffd::{Event, Ready, Resolved, Waiter};
 use faultline_sys::{host, SysError, PAGE_SIZE};
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -61,6 +65,13 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
     }
     let batch = core.config.event_batch;
     let spin = Duration::from_micros(u64::from(core.config.spin_us));
+    let waiter = match Waiter::new(&core.uffd, shutdown, core.config.exclusive_wake) {
+        Ok(w) => w,
+        Err(e) => {
+            core.record(FaultError::Events(e));
+            return;
+        }
+    };
     let mut events = Vec::with_capacity(batch);
     let mut last_event = Instant::now();
     loop {
@@ -71,7 +82,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
                     std::hint::spin_loop();
                     continue;
                 }
-                match core.uffd.wait(shutdown, -1) {
+                match waiter.wait(-1) {
                     Ok(Ready::Other) => return,
                     Ok(_) => continue,
                     Err(e) => {
@@ -292,7 +303,7 @@ fn move_frame(
     len: usize,
 ) -> Result<(), MoveFailure> {
     let mut done = 0;
-    for _ in 0..MOVE_RETRIES {
+    for attempt in 0..MOVE_RETRIES {
         // SAFETY: `src` is an in-flight frame this worker owns and `dst` a page
         // of a managed region that is absent under its lock; workers hold no
         // references into either.
@@ -305,7 +316,8 @@ fn move_frame(
             Ok(
                 Resolved::Retry { done }
                 | Resolved::Exists { done }
-                | Resolved::SourceHole { done },
+                | Resolved::SourceHole { done }
+                | Resolved::Busy { done },
             ) => done,
             Err(e) => return Err(MoveFailure::Sys(e)),
         };
@@ -329,7 +341,14 @@ fn move_frame(
             }
             Verdict::Retry => {
                 Stats::bump(&core.stats.move_retries);
-                std::thread::yield_now();
+                // A few quick retries, then back off: an EBUSY source (a
+                // reference held for a moment, e.g. by a per-CPU LRU batch)
+                // needs time, not spinning.
+                if attempt < 8 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
             }
         }
     }

@@ -1,0 +1,65 @@
+//! `faultline bench <name>`: the experiments of BENCHMARKS.md, each on the
+//! real fault path with its baseline chosen through `Config`, in one run.
+
+pub mod fault;
+
+use faultline::Config;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Options every benchmark takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchOpts {
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Smaller sizes: the whole run takes well under a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Fault workers (default: one per CPU).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Do not pin workers to CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Workers busy-poll this many µs for the next event before blocking.
+    #[arg(long)]
+    pub spin_us: Option<u32>,
+}
+
+impl BenchOpts {
+    /// The manager configuration these options ask for.
+    pub fn config(&self) -> Config {
+        let mut c = Config::default();
+        if let Some(w) = self.workers {
+            c.workers = w;
+            c.fault_locks = (2 * w).next_power_of_two().max(16);
+        }
+        c.pin_workers = !self.no_pin;
+        if let Some(s) = self.spin_us {
+            c.spin_us = s;
+        }
+        c
+    }
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(what.to_string());
+    bar
+}
+
+/// A small deterministic generator (xorshift64), so runs are repeatable.
+pub fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
