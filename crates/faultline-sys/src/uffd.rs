@@ -592,7 +592,8 @@ impl Uffd {
     }
 
     /// `UFFDIO_WRITEPROTECT`: sets (`protect`) or clears write protection on a
-    /// range registered in WP mode. Changes no data.
+    /// range registered in WP mode. Changes no data. `dontwake` is only valid
+    /// when clearing (the kernel refuses `WP | DONTWAKE` with `EINVAL`).
     pub fn write_protect(
         &self,
         addr: usize,
@@ -832,8 +833,11 @@ mod tests {
     use crate::PAGE_SIZE;
 
     fn uffd() -> Uffd {
-        Uffd::open(Features::MOVE, Features::POISON)
-            .unwrap_or_else(|e| panic!("these tests need userfaultfd with UFFDIO_MOVE: {e}"))
+        Uffd::open(
+            Features::MOVE,
+            Features::POISON.with(Features::PAGEFAULT_FLAG_WP),
+        )
+        .unwrap_or_else(|e| panic!("these tests need userfaultfd with UFFDIO_MOVE: {e}"))
     }
 
     #[test]
@@ -888,6 +892,71 @@ mod tests {
                 .expect("move");
         assert_eq!(r, Resolved::Exists { done: 0 });
         u.unregister(dst.addr(), dst.len()).expect("unregister");
+    }
+
+    #[test]
+    fn copy_zeropage_poison_writeprotect() {
+        let u = uffd();
+        let dst = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        let src = [0x77u8; PAGE_SIZE];
+        let mode = RegisterMode {
+            missing: true,
+            wp: true,
+        };
+        u.register(dst.addr(), dst.len(), mode).expect("register");
+        // SAFETY: dst is ours, registered, no references into it.
+        let r =
+            unsafe { u.copy(dst.addr(), src.as_ptr() as usize, PAGE_SIZE, true) }.expect("copy");
+        assert_eq!(r, Resolved::Done);
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { u.copy(dst.addr(), src.as_ptr() as usize, PAGE_SIZE, true) }.expect("copy"),
+            Resolved::Exists { done: 0 }
+        );
+        // SAFETY: as above.
+        let r = unsafe { u.zeropage(dst.addr() + PAGE_SIZE, PAGE_SIZE, true) }.expect("zeropage");
+        assert_eq!(r, Resolved::Done);
+        // SAFETY: page 2 is a hole of our registered mapping.
+        let r = unsafe { u.poison(dst.addr() + 2 * PAGE_SIZE, PAGE_SIZE, true) }.expect("poison");
+        assert_eq!(r, Resolved::Done);
+        // SAFETY: the poisoned page is mapped (by a marker) now.
+        assert_eq!(
+            unsafe { u.poison(dst.addr() + 2 * PAGE_SIZE, PAGE_SIZE, true) }.expect("poison"),
+            Resolved::Exists { done: 0 }
+        );
+        assert_eq!(
+            u.write_protect(dst.addr(), PAGE_SIZE, true, false)
+                .expect("wp"),
+            Resolved::Done
+        );
+        assert_eq!(
+            u.write_protect(dst.addr(), PAGE_SIZE, false, false)
+                .expect("un-wp"),
+            Resolved::Done
+        );
+        u.wake(dst.addr(), dst.len()).expect("wake");
+        // SAFETY: pages 0 and 1 are mapped: the copy and the zero page.
+        unsafe {
+            assert_eq!(*dst.as_ptr(), 0x77);
+            assert_eq!(*dst.as_ptr().add(PAGE_SIZE), 0);
+        }
+        assert!(dst.is_resident(dst.addr(), 2 * PAGE_SIZE).expect("mincore"));
+        assert!(!dst
+            .is_resident(dst.addr() + 3 * PAGE_SIZE, PAGE_SIZE)
+            .expect("mincore"));
+        u.unregister(dst.addr(), dst.len()).expect("unregister");
+        let err = u
+            .register(dst.addr() + 1, PAGE_SIZE, mode)
+            .expect_err("unaligned");
+        assert_eq!((err.op, err.errno), ("UFFDIO_REGISTER", libc::EINVAL));
+    }
+
+    #[test]
+    fn features_names() {
+        let f = Features::MOVE.with(Features::POISON);
+        assert_eq!(f.names(), vec!["POISON", "MOVE"]);
+        assert!(f.contains(Features::MOVE));
+        assert_eq!(f.without(Features::MOVE), Features::POISON);
     }
 
     #[test]
