@@ -909,10 +909,9 @@ mod tests {
             unsafe { u.copy(dst.addr(), src.as_ptr() as usize, PAGE_SIZE, true) }.expect("copy");
         assert_eq!(r, Resolved::Done);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { u.copy(dst.addr(), src.as_ptr() as usize, PAGE_SIZE, true) }.expect("copy"),
-            Resolved::Exists { done: 0 }
-        );
+        // SAFETY: as above.
+        let again = unsafe { u.copy(dst.addr(), src.as_ptr() as usize, PAGE_SIZE, true) };
+        assert_eq!(again.expect("copy"), Resolved::Exists { done: 0 });
         // SAFETY: as above.
         let r = unsafe { u.zeropage(dst.addr() + PAGE_SIZE, PAGE_SIZE, true) }.expect("zeropage");
         assert_eq!(r, Resolved::Done);
@@ -920,10 +919,9 @@ mod tests {
         let r = unsafe { u.poison(dst.addr() + 2 * PAGE_SIZE, PAGE_SIZE, true) }.expect("poison");
         assert_eq!(r, Resolved::Done);
         // SAFETY: the poisoned page is mapped (by a marker) now.
-        assert_eq!(
-            unsafe { u.poison(dst.addr() + 2 * PAGE_SIZE, PAGE_SIZE, true) }.expect("poison"),
-            Resolved::Exists { done: 0 }
-        );
+        // SAFETY: as above.
+        let again = unsafe { u.poison(dst.addr() + 2 * PAGE_SIZE, PAGE_SIZE, true) };
+        assert_eq!(again.expect("poison"), Resolved::Exists { done: 0 });
         assert_eq!(
             u.write_protect(dst.addr(), PAGE_SIZE, true, false)
                 .expect("wp"),

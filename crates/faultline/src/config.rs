@@ -78,6 +78,21 @@ pub struct Config {
     /// first touch 83-115 µs against 28-31 µs), because the one woken is the
     /// first registered, not the one on the faulting CPU.
     pub exclusive_wake: bool,
+    /// Per-CPU lists of 4 KiB frames in front of the buddy allocator (seed
+    /// 004). `false` is the pre-seed baseline: every allocation and free takes
+    /// the zone lock.
+    pub pcp: bool,
+    /// Frames a per-CPU list takes from, or gives back to, the buddy
+    /// allocator at once. Default 32 (`faultline bench alloc`).
+    pub pcp_batch: usize,
+    /// A per-CPU list holding more than this drains `pcp_batch` frames.
+    /// Default 256.
+    pub pcp_high: usize,
+    /// Fault-around for 4 KiB regions: a fault maps the aligned run of this
+    /// many pages around the faulting one (all absent) with one frame run and
+    /// one `UFFDIO_MOVE`. A power of two up to 512; 1 turns it off. Default 16
+    /// (`faultline bench alloc`, fault rows).
+    pub fault_around: usize,
     /// Busy-poll the userfaultfd this many microseconds after the last event
     /// before blocking in `poll(2)`. Default 0 (block at once).
     pub spin_us: u32,
@@ -94,6 +109,10 @@ impl Default for Config {
             fault_locks: (2 * workers).next_power_of_two().max(16),
             event_batch: 16,
             exclusive_wake: false,
+            pcp: true,
+            pcp_batch: 32,
+            pcp_high: 256,
+            fault_around: 16,
             spin_us: 0,
         }
     }
@@ -172,6 +191,20 @@ impl Config {
                 field: "fault_locks",
                 value: self.fault_locks,
                 why: "a power of two up to 2^20",
+            });
+        }
+        if !self.fault_around.is_power_of_two() || self.fault_around > 512 {
+            return Err(ConfigError::OutOfRange {
+                field: "fault_around",
+                value: self.fault_around,
+                why: "a power of two from 1 to 512",
+            });
+        }
+        if self.pcp_batch == 0 || self.pcp_batch > 4096 || self.pcp_high < self.pcp_batch {
+            return Err(ConfigError::OutOfRange {
+                field: "pcp_batch",
+                value: self.pcp_batch,
+                why: "1..=4096 and at most pcp_high",
             });
         }
         if self.event_batch == 0 || self.event_batch > 64 {

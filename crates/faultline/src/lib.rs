@@ -27,6 +27,7 @@ pub mod manager;
 pub mod region;
 pub mod stats;
 pub mod store;
+mod sync;
 
 pub use config::{Config, ConfigError, LockMode, MapOptions, PageSize};
 pub use fault::FaultError;

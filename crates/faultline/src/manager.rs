@@ -19,7 +19,7 @@
 
 use crate::config::{Config, ConfigError, LockMode, MapOptions, PageSize};
 use crate::fault::{service, FaultError, FaultLocks};
-use crate::frame::{Frame, FrameAllocator, LockedAllocator, Pool, PoolError};
+use crate::frame::{AllocConfig, Frame, FrameAlloc, FrameAllocator, Pool, PoolError};
 use crate::region::{PageState, RegionInner, RegionTable};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::Store;
@@ -207,7 +207,15 @@ impl ManagerBuilder {
         config.validate()?;
         let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features(0))?;
         let pool = Pool::new(config.budget, &uffd)?;
-        let alloc: Box<dyn FrameAllocator> = Box::new(LockedAllocator::new(pool.pages()));
+        let alloc: Box<dyn FrameAllocator> = Box::new(FrameAlloc::new(
+            pool.pages(),
+            AllocConfig {
+                pcp: config.pcp,
+                batch: config.pcp_batch,
+                high: config.pcp_high,
+                cpus: faultline_sys::host::online_cpus(),
+            },
+        ));
         let core = Arc::new(Core {
             locks: FaultLocks::new(config.locks, config.fault_locks),
             stats: Stats::new(config.workers),
@@ -308,7 +316,11 @@ impl Manager {
             },
         )?;
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
-        let inner = Arc::new(RegionInner::new(id, map, page, store));
+        let window = match page {
+            PageSize::Base4K => core.config.fault_around,
+            PageSize::Huge2M => 1,
+        };
+        let inner = Arc::new(RegionInner::new(id, map, page, store, window));
         core.table.insert(Arc::clone(&inner));
         Ok(Region {
             inner,
@@ -442,54 +454,95 @@ impl Region {
             });
         }
         let order = r.page_size.order();
-        let len = r.page_size.bytes();
+        let unit = r.page_size.bytes();
+        let per_unit = (unit / faultline_sys::PAGE_SIZE) as u32;
         let mut freed: Vec<Frame> = Vec::new();
-        for page in 0..r.pages() {
-            if !matches!(r.state(page), PageState::Resident(_)) {
+        let mut next = 0;
+        while next < r.pages() {
+            let w = r.window(next);
+            next = w.end;
+            if !w
+                .clone()
+                .any(|p| matches!(r.state(p), PageState::Resident(_)))
+            {
                 continue;
             }
-            let _g = core.locks.lock(r.id, page as u64);
-            let PageState::Resident(idx) = r.state(page) else {
-                continue;
-            };
-            let frame = Frame::from_parts(idx, order);
-            let slot = core.pool.addr_of(&frame);
-            // SAFETY: `slot` is the hole this frame left in the pool and the
-            // region page is resident; after unregistering, nothing but this
-            // teardown (holding the page lock) changes either.
-            let moved = unsafe {
-                core.uffd
-                    .move_pages(slot, r.page_addr(page), len, true, false)
-            };
-            match moved {
-                Ok(Resolved::Done) => {}
-                Ok(Resolved::Exists { .. }) => {
-                    // The slot was refilled behind our back: it is populated,
-                    // which is all a free frame needs.
+            let _g = core.locks.lock(r.id, r.lock_key(w.start));
+            // Runs of resident pages backed by consecutive frames (a
+            // fault-around run) go back with one UFFDIO_MOVE.
+            let mut p = w.start;
+            while p < w.end {
+                let PageState::Resident(f) = r.state(p) else {
+                    p += 1;
+                    continue;
+                };
+                let mut n = 1;
+                while p + n < w.end
+                    && r.state(p + n) == PageState::Resident(f + n as u32 * per_unit)
+                {
+                    n += 1;
                 }
-                other => {
-                    // The region page is gone (or could not move): give the
-                    // slot fresh memory so the pool stays populated.
-                    if let Err(e) = other {
-                        core.record(FaultError::Move {
-                            addr: r.page_addr(page),
-                            source: e,
-                        });
+                let slot = core.pool.slot_addr(f);
+                // SAFETY: `slot..+n*unit` are the holes these frames left in
+                // the pool and the region pages are resident; after
+                // unregistering, nothing but this teardown (holding the window
+                // lock) changes either.
+                let whole = unsafe {
+                    core.uffd
+                        .move_pages(slot, r.page_addr(p), n * unit, true, false)
+                };
+                for i in 0..n {
+                    let frame = Frame::from_parts(f + i as u32 * per_unit, order);
+                    if !matches!(whole, Ok(Resolved::Done)) {
+                        self.move_back_one(&frame, r.page_addr(p + i));
                     }
-                    if let Err(e) = core.pool.repopulate(&frame) {
-                        core.record(FaultError::Move {
-                            addr: slot,
-                            source: e,
-                        });
-                    }
+                    core.pool.set_zeroed(&frame, false);
+                    r.set_state(p + i, PageState::Absent);
+                    freed.push(frame);
                 }
+                core.stats
+                    .unmapped_pages
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                p += n;
             }
-            core.pool.set_zeroed(&frame, false);
-            r.set_state(page, PageState::Absent);
-            freed.push(frame);
-            Stats::bump(&core.stats.unmapped_pages);
         }
         core.alloc.free_bulk(&mut freed);
+    }
+}
+
+impl Region {
+    /// Moves one resident page back to its frame's slot after a run move
+    /// did not complete; whatever happens, the slot ends up populated.
+    fn move_back_one(&self, frame: &Frame, page_addr: usize) {
+        let core = &self.service.core;
+        let slot = core.pool.addr_of(frame);
+        // SAFETY: as in `teardown`: the slot is a hole or (if the run move got
+        // this far) already refilled, and the region page is ours.
+        let moved = unsafe {
+            core.uffd
+                .move_pages(slot, page_addr, frame.bytes(), true, false)
+        };
+        match moved {
+            // Done, or the slot was refilled (by the partial run move, or
+            // behind our back): it is populated, which is all a free frame needs.
+            Ok(Resolved::Done | Resolved::Exists { .. }) => {}
+            other => {
+                // The region page is gone (or could not move): give the slot
+                // fresh memory so the pool stays populated.
+                if let Err(e) = other {
+                    core.record(FaultError::Move {
+                        addr: page_addr,
+                        source: e,
+                    });
+                }
+                if let Err(e) = core.pool.repopulate(frame) {
+                    core.record(FaultError::Move {
+                        addr: slot,
+                        source: e,
+                    });
+                }
+            }
+        }
     }
 }
 

@@ -33,6 +33,7 @@ pub struct Stats {
     pub(crate) move_retries: AtomicU64,
     pub(crate) move_misreported: AtomicU64,
     pub(crate) pt_discards: AtomicU64,
+    pub(crate) fault_around_pages: AtomicU64,
     pub(crate) unmapped_pages: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
@@ -62,6 +63,7 @@ impl Stats {
             move_retries: AtomicU64::new(0),
             move_misreported: AtomicU64::new(0),
             pt_discards: AtomicU64::new(0),
+            fault_around_pages: AtomicU64::new(0),
             unmapped_pages: AtomicU64::new(0),
             hist: (0..workers.max(1))
                 .map(|_| CachePadded::new(Mutex::new(new_hist())))
@@ -104,6 +106,7 @@ impl Stats {
             move_retries: r(&self.move_retries),
             move_misreported: r(&self.move_misreported),
             pt_discards: r(&self.pt_discards),
+            fault_around_pages: r(&self.fault_around_pages),
             unmapped_pages: r(&self.unmapped_pages),
             frames_total,
             frames_free,
@@ -177,6 +180,9 @@ pub struct StatsSnapshot {
     pub move_misreported: u64,
     /// Empty page tables dropped before a 2 MiB move.
     pub pt_discards: u64,
+    /// Pages mapped ahead of access by fault-around (besides the faulting
+    /// page).
+    pub fault_around_pages: u64,
     /// Pages moved back to the pool when their region was unmapped.
     pub unmapped_pages: u64,
     /// Pool size in 4 KiB frames.
@@ -209,8 +215,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "fills       cleared {}, pre-zeroed {}, from store {}; page-table discards {}",
-            self.fills_cleared, self.fills_prezeroed, self.fills_store, self.pt_discards
+            "fills       cleared {}, pre-zeroed {}, from store {}; page-table discards {}; fault-around pages {}",
+            self.fills_cleared, self.fills_prezeroed, self.fills_store, self.pt_discards, self.fault_around_pages
         )?;
         writeln!(
             f,

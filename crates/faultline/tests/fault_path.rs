@@ -99,7 +99,8 @@ fn random_touch(page_size: PageSize, len: usize) {
     if let Some(e) = mm.take_error() {
         panic!("unexpected fault error: {e}");
     }
-    assert_eq!(r.resident_pages() as u64, st.moves);
+    // One move maps a page, or a fault-around run of pages.
+    assert_eq!(r.resident_pages() as u64, st.moves + st.fault_around_pages);
     // Every page written holds its pattern; every other page that was
     // touched holds zeros.
     let bytes = r.as_slice();
@@ -411,4 +412,37 @@ fn unservable_fault_is_reported() {
     let st = settled(&mm);
     assert_eq!((st.poisoned, st.errors), (1, 1), "{st}");
     assert_eq!(r.resident_pages(), 1);
+}
+
+#[test]
+fn fault_around_maps_aligned_runs() {
+    for (fa, pcp) in [(16, true), (1, true), (16, false), (64, false)] {
+        let config = faultline::Config {
+            budget: 16 * MIB,
+            fault_around: fa,
+            pcp,
+            ..faultline::Config::default()
+        };
+        let mm = Manager::builder()
+            .config(config)
+            .build()
+            .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"));
+        let mut r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
+        let s = r.as_mut_slice();
+        for p in 0..256 {
+            assert_eq!(s[p * 4096 + 5], 0);
+            s[p * 4096 + 5] = p as u8 | 1;
+        }
+        for p in 0..256 {
+            assert_eq!(s[p * 4096 + 5], p as u8 | 1);
+        }
+        let st = settled(&mm);
+        assert_eq!(st.moves, 256 / fa as u64, "fault_around {fa}: {st}");
+        assert_eq!(st.fault_around_pages, 256 - 256 / fa as u64);
+        assert_eq!(r.resident_pages(), 256);
+        drop(r);
+        let st = mm.stats();
+        assert_eq!(st.frames_free, st.frames_total, "{st}");
+        assert_eq!(st.unmapped_pages, 256);
+    }
 }

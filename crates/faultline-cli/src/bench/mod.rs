@@ -24,6 +24,12 @@ pub struct BenchOpts {
     /// Workers busy-poll this many µs for the next event before blocking.
     #[arg(long)]
     pub spin_us: Option<u32>,
+    /// Fault-around window for 4 KiB regions, in pages (1: off).
+    #[arg(long)]
+    pub fault_around: Option<usize>,
+    /// Turn the per-CPU frame lists off (every alloc/free takes the zone lock).
+    #[arg(long)]
+    pub no_pcp: bool,
 }
 
 impl BenchOpts {
@@ -38,6 +44,10 @@ impl BenchOpts {
         if let Some(s) = self.spin_us {
             c.spin_us = s;
         }
+        if let Some(f) = self.fault_around {
+            c.fault_around = f;
+        }
+        c.pcp = !self.no_pcp;
         c
     }
 }

@@ -124,7 +124,7 @@ pub(crate) fn handle(core: &Core, worker: usize, ev: Event) -> Resolution {
         PageSize::Huge2M => &core.stats.faults_2m,
     });
     let res = {
-        let _guard = core.locks.lock(region.id, page as u64);
+        let _guard = core.locks.lock(region.id, region.lock_key(page));
         resolve(core, &region, page)
     };
     match res {
@@ -155,7 +155,6 @@ fn wake(core: &Core, region: &RegionInner, page: usize) {
 /// Resolves a fault on `page` of `region`. Caller holds the page's lock.
 fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
     let addr = region.page_addr(page);
-    let len = region.page_size.bytes();
     if region.dying() {
         wake(core, region, page);
         return Resolution::Dying;
@@ -187,24 +186,41 @@ fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
             Stats::bump(&core.stats.refaulted_dropped);
         }
     }
-    let Some(mut frame) = core.alloc.alloc(region.page_size.order()) else {
-        return poison(
-            core,
-            region,
-            page,
-            FaultError::NoFrame {
-                addr,
-                page_size: region.page_size.name(),
-            },
-        );
+    // The unit to map: the fault-around window if it is wholly absent, its
+    // content is free to make (zeros), and memory is plentiful (more than a
+    // quarter of the pool free: until reclaim exists, pages mapped ahead of
+    // use must not starve pages that are asked for), else just this page.
+    let plentiful = core.alloc.free_hint() > core.pool.pages() / 4;
+    let (first, count) = match region.fault_around_window(page) {
+        Some(w)
+            if plentiful
+                && region.store.is_zero()
+                && w.clone().all(|p| region.state(p) == PageState::Absent) =>
+        {
+            (w.start, w.len())
+        }
+        _ => (page, 1),
     };
+    let order = region.page_size.order() + count.trailing_zeros() as u8;
+    let (first, count, mut frame) = match core.alloc.alloc(order) {
+        Some(f) => (first, count, f),
+        // No free run that long: the faulting page alone.
+        None if count > 1 => match core.alloc.alloc(region.page_size.order()) {
+            Some(f) => (page, 1, f),
+            None => return no_frame(core, region, page),
+        },
+        None => return no_frame(core, region, page),
+    };
+    let addr = region.page_addr(first);
+    let len = count * region.page_size.bytes();
     // SAFETY: `frame` was just allocated, so this worker owns it.
-    match unsafe { fill::fill(&core.pool, &mut frame, region.store.as_ref(), page as u64) } {
+    match unsafe { fill::fill(&core.pool, &mut frame, region.store.as_ref(), first as u64) } {
         Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
         Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
         Ok(FillSource::Store) => Stats::bump(&core.stats.fills_store),
         Err(e) => {
             core.alloc.free(frame);
+            let addr = region.page_addr(page);
             return poison(core, region, page, FaultError::Store { addr, source: e });
         }
     }
@@ -219,10 +235,21 @@ fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
         }
     }
     // Resident before the move: the move wakes the faulting threads, and
-    // what they do next (query the region, unmap it) must see the page
+    // what they do next (query the region, unmap it) must see the pages
     // resident. No one else can look at the state in between: we hold the
-    // page's lock, and teardown takes it too.
-    region.set_state(page, PageState::Resident(frame.index()));
+    // window's lock, and teardown takes it too.
+    let pages_per_unit = region.page_size.bytes() / PAGE_SIZE;
+    for i in 0..count {
+        region.set_state(
+            first + i,
+            PageState::Resident(frame.index() + (i * pages_per_unit) as u32),
+        );
+    }
+    if count > 1 {
+        core.stats
+            .fault_around_pages
+            .fetch_add(count as u64 - 1, std::sync::atomic::Ordering::Relaxed);
+    }
     // The first 4 KiB move out of a PMD-mapped pool block splits the block's
     // THP; two such moves at once can make the kernel report EEXIST for a
     // move it did not complete (seen on 6.18), so they take the split lock.
@@ -233,10 +260,14 @@ fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
             guard.mark_split();
         }
     }
+    if moved.is_err() {
+        for i in 0..count {
+            region.set_state(first + i, PageState::Absent);
+        }
+    }
     match moved {
         Ok(()) => Resolution::Moved,
         Err(MoveFailure::Exists) => {
-            region.set_state(page, PageState::Absent);
             // Mapped behind our back: nothing moved, the frame is still in
             // its slot. Keep what is there, and say so.
             core.alloc.free(frame);
@@ -248,7 +279,6 @@ fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
             Resolution::AlreadyMapped
         }
         Err(MoveFailure::Sys(e)) => {
-            region.set_state(page, PageState::Absent);
             core.alloc.free(frame);
             poison(core, region, page, FaultError::Move { addr, source: e })
         }
@@ -303,13 +333,38 @@ fn move_frame(
     len: usize,
 ) -> Result<(), MoveFailure> {
     let mut done = 0;
+    let result = move_frame_inner(core, region, dst, src, len, &mut done);
+    if result.is_err() && done > 0 {
+        // Part of a multi-page frame moved: put it back, so the frame is whole
+        // in the pool again before it is freed.
+        // SAFETY: `[dst, dst + done)` holds the pages this worker just moved
+        // out of its own in-flight frame, under the window's lock.
+        let back = unsafe { core.uffd.move_pages(src, dst, done, true, false) };
+        if !matches!(back, Ok(Resolved::Done)) {
+            core.record(FaultError::Inconsistent {
+                addr: dst,
+                what: "a partly moved frame could not be moved back",
+            });
+        }
+    }
+    result
+}
+
+fn move_frame_inner(
+    core: &Core,
+    region: &RegionInner,
+    dst: usize,
+    src: usize,
+    len: usize,
+    done: &mut usize,
+) -> Result<(), MoveFailure> {
     for attempt in 0..MOVE_RETRIES {
         // SAFETY: `src` is an in-flight frame this worker owns and `dst` a page
         // of a managed region that is absent under its lock; workers hold no
         // references into either.
         let r = unsafe {
             core.uffd
-                .move_pages(dst + done, src + done, len - done, false, false)
+                .move_pages(dst + *done, src + *done, len - *done, false, false)
         };
         let d = match r {
             Ok(Resolved::Done) => return Ok(()),
@@ -321,21 +376,21 @@ fn move_frame(
             ) => done,
             Err(e) => return Err(MoveFailure::Sys(e)),
         };
-        done += d;
-        if done >= len {
+        *done += d;
+        if *done >= len {
             break;
         }
-        match verify(core, region, dst + done, src + done, len - done) {
+        match verify(core, region, dst + *done, src + *done, len - *done) {
             Verdict::Moved => {
                 Stats::bump(&core.stats.move_misreported);
                 return core.uffd.wake(dst, len).map_err(MoveFailure::Sys);
             }
-            Verdict::Occupied if done == 0 => return Err(MoveFailure::Exists),
+            Verdict::Occupied if *done == 0 => return Err(MoveFailure::Exists),
             Verdict::Occupied => {
                 return Err(MoveFailure::Sys(SysError {
                     op: "UFFDIO_MOVE",
-                    addr: dst + done,
-                    len: len - done,
+                    addr: dst + *done,
+                    len: len - *done,
                     errno: libc::EEXIST,
                 }))
             }
@@ -352,7 +407,7 @@ fn move_frame(
             }
         }
     }
-    if done >= len {
+    if *done >= len {
         return core.uffd.wake(dst, len).map_err(MoveFailure::Sys);
     }
     Err(MoveFailure::Sys(SysError {
@@ -361,6 +416,14 @@ fn move_frame(
         len,
         errno: libc::EAGAIN,
     }))
+}
+
+fn no_frame(core: &Core, region: &RegionInner, page: usize) -> Resolution {
+    let cause = FaultError::NoFrame {
+        addr: region.page_addr(page),
+        page_size: region.page_size.name(),
+    };
+    poison(core, region, page, cause)
 }
 
 /// Poisons `page` so its threads get SIGBUS, and records `cause`.

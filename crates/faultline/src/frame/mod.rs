@@ -1,13 +1,16 @@
-//! Frames: the pool of populated memory faultline owns ([`pool`]) and the
-//! allocator that hands out its frames ([`alloc`]).
+//! Frames: the pool of populated memory faultline owns ([`pool`]), the buddy
+//! allocator over its pages ([`buddy`]) and the frame allocator with per-CPU
+//! lists in front of it ([`alloc`]).
 //!
 //! Every frame is in exactly one place at a time:
-//! `free (allocator) + in flight (owned by one worker) + mapped (in a region)
-//! = pool pages`. The allocator tracks the first term; regions track the
-//! third; a `Frame` value is the second.
+//! `free (buddy + per-CPU lists) + in flight (owned by one worker) +
+//! mapped (in a region) = pool pages`. The allocator tracks the first term and
+//! the sum of the other two; regions track the third; a `Frame` value is the
+//! second.
 
 pub mod alloc;
+pub mod buddy;
 pub mod pool;
 
-pub use alloc::{FrameAllocator, LockedAllocator};
+pub use alloc::{AllocConfig, FrameAlloc, FrameAllocator};
 pub use pool::{Frame, Pool, PoolError, HUGE_ORDER, PAGES_PER_HUGE};

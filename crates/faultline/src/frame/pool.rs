@@ -218,10 +218,11 @@ impl Pool {
         unsafe { std::slice::from_raw_parts_mut(self.addr_of(frame) as *mut u8, frame.bytes()) }
     }
 
-    /// For a 4 KiB frame of a block that is still one PMD-mapped THP: the
-    /// split lock, to be held across the move that splits the block.
+    /// For a frame smaller than 2 MiB from a block that is still one
+    /// PMD-mapped THP: the split lock, to be held across the move that splits
+    /// the block.
     pub fn split_guard(&self, frame: &Frame) -> Option<SplitGuard<'_>> {
-        if frame.order() != 0 {
+        if frame.order() >= HUGE_ORDER {
             return None;
         }
         let flag = &self.pmd_mapped[frame.index() as usize / PAGES_PER_HUGE];

@@ -51,6 +51,9 @@ pub struct RegionInner {
     pub(crate) map: Mapping,
     pub(crate) page_size: PageSize,
     pub(crate) store: Arc<dyn Store>,
+    /// log2 of the fault-around window in pages (0: none). A window is also
+    /// the unit of fault locking: `lock_key(p) = p >> window_shift`.
+    window_shift: u32,
     pages: Box<[AtomicU32]>,
     dying: AtomicBool,
 }
@@ -61,6 +64,7 @@ impl RegionInner {
         map: Mapping,
         page_size: PageSize,
         store: Arc<dyn Store>,
+        window: usize,
     ) -> RegionInner {
         let n = map.len() / page_size.bytes();
         RegionInner {
@@ -68,6 +72,7 @@ impl RegionInner {
             map,
             page_size,
             store,
+            window_shift: window.max(1).trailing_zeros(),
             pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
             dying: AtomicBool::new(false),
         }
@@ -101,6 +106,24 @@ impl RegionInner {
     /// Address of page `page`.
     pub fn page_addr(&self, page: usize) -> usize {
         self.start() + page * self.page_size.bytes()
+    }
+
+    /// The fault lock key of page `page`: its fault-around window.
+    pub fn lock_key(&self, page: usize) -> u64 {
+        (page >> self.window_shift) as u64
+    }
+
+    /// The pages of the lock window holding `page`.
+    pub fn window(&self, page: usize) -> std::ops::Range<usize> {
+        let start = page >> self.window_shift << self.window_shift;
+        start..(start + (1 << self.window_shift)).min(self.pages())
+    }
+
+    /// The fault-around window of `page`, if the region has one and it lies
+    /// wholly inside the region.
+    pub fn fault_around_window(&self, page: usize) -> Option<std::ops::Range<usize>> {
+        let w = self.window(page);
+        (self.window_shift > 0 && w.len() == 1 << self.window_shift).then_some(w)
     }
 
     /// State of page `page`. Exact under the page's fault lock.
