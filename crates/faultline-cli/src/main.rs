@@ -35,6 +35,8 @@ enum Cmd {
 enum Which {
     /// First-touch cost of a 4 KiB and a 2 MiB page: kernel vs faultline.
     Fault(bench::BenchOpts),
+    /// Frame allocator cost per page for batches 1..16384: global, pcp, bulk.
+    Alloc(bench::BenchOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Bench { which } => {
             let (report, json) = match which {
                 Which::Fault(o) => (bench::fault::run(&o)?, o.json),
+                Which::Alloc(o) => (bench::alloc::run(&o)?, o.json),
             };
             report.print(json)
         }

@@ -1,6 +1,7 @@
 //! `faultline bench <name>`: the experiments of BENCHMARKS.md, each on the
 //! real fault path with its baseline chosen through `Config`, in one run.
 
+pub mod alloc;
 pub mod fault;
 
 use faultline::Config;
@@ -30,6 +31,12 @@ pub struct BenchOpts {
     /// Turn the per-CPU frame lists off (every alloc/free takes the zone lock).
     #[arg(long)]
     pub no_pcp: bool,
+    /// Frames a per-CPU list refills or drains at once.
+    #[arg(long)]
+    pub pcp_batch: Option<usize>,
+    /// Frames above which a per-CPU list drains.
+    #[arg(long)]
+    pub pcp_high: Option<usize>,
 }
 
 impl BenchOpts {
@@ -48,6 +55,12 @@ impl BenchOpts {
             c.fault_around = f;
         }
         c.pcp = !self.no_pcp;
+        if let Some(b) = self.pcp_batch {
+            c.pcp_batch = b;
+        }
+        if let Some(h) = self.pcp_high {
+            c.pcp_high = h;
+        }
         c
     }
 }

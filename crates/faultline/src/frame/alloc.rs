@@ -24,7 +24,7 @@
 
 use super::buddy::Buddy;
 use super::pool::Frame;
-use crate::sync::Mutex;
+use crate::sync::{Mutex, SpinLock};
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -82,7 +82,7 @@ struct Zone {
 #[derive(Debug)]
 pub struct FrameAlloc {
     zone: CachePadded<Mutex<Zone>>,
-    pcp: Box<[CachePadded<Mutex<Pcp>>]>,
+    pcp: Box<[CachePadded<SpinLock<Pcp>>]>,
     config: AllocConfig,
     pages: usize,
     /// `buddy.free_pages()` as of the last zone change (Relaxed: a hint).
@@ -99,7 +99,7 @@ impl FrameAlloc {
                 outstanding: 0,
             })),
             pcp: (0..lists)
-                .map(|_| CachePadded::new(Mutex::new(Pcp::default())))
+                .map(|_| CachePadded::new(SpinLock::new(Pcp::default())))
                 .collect(),
             config: AllocConfig {
                 batch: config.batch.max(1),
@@ -109,6 +109,14 @@ impl FrameAlloc {
             pages,
             zone_free: AtomicUsize::new(pages),
         }
+    }
+
+    /// The list of CPU `cpu` (no division on the hot path: CPU numbers are
+    /// below the list count unless CPUs were hot-added).
+    #[inline]
+    fn list(&self, cpu: usize) -> &SpinLock<Pcp> {
+        let n = self.pcp.len();
+        &self.pcp[if cpu < n { cpu } else { cpu % n }]
     }
 
     fn note(&self, z: &Zone) {
@@ -124,7 +132,7 @@ impl FrameAlloc {
     /// `alloc` on behalf of CPU `cpu` (tests and loom models pick the CPU).
     pub fn alloc_on(&self, cpu: usize, order: u8) -> Option<Frame> {
         if order == 0 && !self.pcp.is_empty() {
-            let mut l = self.pcp[cpu % self.pcp.len()].lock();
+            let mut l = self.list(cpu).lock();
             if l.frames.is_empty() {
                 let mut z = self.zone.lock();
                 z.buddy.alloc_bulk(0, self.config.batch, &mut l.frames);
@@ -185,7 +193,7 @@ impl FrameAlloc {
             self.note(&z);
             return;
         }
-        let mut l = self.pcp[cpu % self.pcp.len()].lock();
+        let mut l = self.list(cpu).lock();
         l.frames.push(frame.index());
         l.outstanding -= 1;
         if l.frames.len() > self.config.high {
