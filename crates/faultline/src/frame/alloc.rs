@@ -76,6 +76,8 @@ struct Zone {
     buddy: Buddy,
     /// Pages handed out by the zone directly minus pages returned directly.
     outstanding: isize,
+    /// Reused by `free_bulk` to sort frames (no allocation under the lock).
+    scratch: Vec<u32>,
 }
 
 /// The frame allocator. See the module docs.
@@ -97,6 +99,7 @@ impl FrameAlloc {
             zone: CachePadded::new(Mutex::new(Zone {
                 buddy: Buddy::new(pages),
                 outstanding: 0,
+                scratch: Vec::new(),
             })),
             pcp: (0..lists)
                 .map(|_| CachePadded::new(SpinLock::new(Pcp::default())))
@@ -230,11 +233,40 @@ impl FrameAllocator for FrameAlloc {
         if frames.is_empty() {
             return;
         }
+        // Coalesce 4 KiB frames into the largest aligned runs first, so a run
+        // handed out by `alloc_bulk` goes back as a few blocks, not as many
+        // single pages merging one by one.
         let mut z = self.zone.lock();
+        let mut small = std::mem::take(&mut z.scratch);
+        small.clear();
         for f in frames.drain(..) {
-            z.buddy.free(f.index(), f.order());
             z.outstanding -= 1 << f.order();
+            if f.order() == 0 {
+                small.push(f.index());
+            } else {
+                z.buddy.free(f.index(), f.order());
+            }
         }
+        small.sort_unstable();
+        let mut i = 0;
+        while i < small.len() {
+            let p = small[i];
+            let mut run = 1;
+            while i + run < small.len() && small[i + run] == p + run as u32 {
+                run += 1;
+            }
+            let (mut q, mut left) = (p, run);
+            while left > 0 {
+                let k = (q.trailing_zeros() as usize)
+                    .min(usize::BITS as usize - 1 - left.leading_zeros() as usize)
+                    .min(super::buddy::MAX_ORDER as usize);
+                z.buddy.free(q, k as u8);
+                q += 1 << k;
+                left -= 1 << k;
+            }
+            i += run;
+        }
+        z.scratch = small;
         self.note(&z);
     }
 
