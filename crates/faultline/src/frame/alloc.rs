@@ -247,7 +247,9 @@ impl FrameAllocator for FrameAlloc {
                 z.buddy.free(f.index(), f.order());
             }
         }
-        small.sort_unstable();
+        if !small.is_sorted() {
+            small.sort_unstable();
+        }
         let mut i = 0;
         while i < small.len() {
             let p = small[i];
