@@ -157,6 +157,17 @@ impl Drop for Service {
             for w in self.workers.drain(..) {
                 let _ = w.join();
             }
+            // Every region is gone (each held this service), so every frame
+            // is free again: `free + in flight + mapped = pool pages` with the
+            // last two zero. Checked in debug builds (the tests).
+            if cfg!(debug_assertions) && !std::thread::panicking() {
+                self.core.alloc.check();
+                debug_assert_eq!(
+                    self.core.alloc.free_pages(),
+                    self.core.pool.pages(),
+                    "frames leaked at shutdown"
+                );
+            }
         }
     }
 }
