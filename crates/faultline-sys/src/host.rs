@@ -83,6 +83,13 @@ pub fn current_cpu() -> usize {
     usize::try_from(cpu).unwrap_or(0)
 }
 
+/// The calling thread's kernel thread id.
+pub fn thread_id() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    u32::try_from(tid).unwrap_or(0)
+}
+
 /// Number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

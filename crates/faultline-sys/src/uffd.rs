@@ -320,8 +320,9 @@ pub struct RegisterMode {
 pub enum Ready {
     /// Events may be read.
     Events,
-    /// The other fd (a shutdown eventfd) is readable.
-    Other,
+    /// Another fd is readable: for [`Uffd::wait`] the one it was given, for
+    /// [`Waiter::wait`] the one with this index.
+    Other(usize),
     /// The timeout passed.
     Timeout,
 }
@@ -712,7 +713,7 @@ impl Uffd {
                 return Ok(Ready::Timeout);
             }
             if fds[1].revents != 0 {
-                return Ok(Ready::Other);
+                return Ok(Ready::Other(0));
             }
             return Ok(Ready::Events);
         }
@@ -724,17 +725,17 @@ impl Uffd {
     }
 }
 
-/// An epoll instance watching a userfaultfd and a shutdown eventfd; with
-/// `exclusive`, the userfaultfd is added with `EPOLLEXCLUSIVE`, so an event
-/// wakes one waiting worker instead of all of them.
+/// An epoll instance watching a userfaultfd and other fds (a shutdown
+/// eventfd, a work-queue eventfd); with `exclusive`, the userfaultfd is added
+/// with `EPOLLEXCLUSIVE`, so an event wakes one waiting worker, not all.
 #[derive(Debug)]
 pub struct Waiter {
     ep: OwnedFd,
 }
 
 impl Waiter {
-    /// Watches `uffd` (token 0) and `other` (token 1).
-    pub fn new(uffd: &Uffd, other: RawFd, exclusive: bool) -> Result<Waiter, SysError> {
+    /// Watches `uffd` and each of `others` (reported as `Ready::Other(i)`).
+    pub fn new(uffd: &Uffd, others: &[RawFd], exclusive: bool) -> Result<Waiter, SysError> {
         // SAFETY: epoll_create1 takes a flag word and returns a new fd.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -747,10 +748,13 @@ impl Waiter {
         } else {
             0
         };
-        for (target, token, flags) in [
-            (uffd.raw_fd(), 0u64, libc::EPOLLIN as u32 | excl),
-            (other, 1, libc::EPOLLIN as u32),
-        ] {
+        let watch = std::iter::once((uffd.raw_fd(), u64::MAX, libc::EPOLLIN as u32 | excl)).chain(
+            others
+                .iter()
+                .enumerate()
+                .map(|(i, &fd)| (fd, i as u64, libc::EPOLLIN as u32)),
+        );
+        for (target, token, flags) in watch {
             let mut ev = libc::epoll_event {
                 events: flags,
                 u64: token,
@@ -765,14 +769,15 @@ impl Waiter {
         Ok(Waiter { ep })
     }
 
-    /// Blocks until the userfaultfd or the other fd is readable, or
-    /// `timeout_ms` passes (-1: forever).
+    /// Blocks until something is readable or `timeout_ms` passes (-1:
+    /// forever). Another fd wins over the userfaultfd when both are ready
+    /// (the lowest index first).
     pub fn wait(&self, timeout_ms: i32) -> Result<Ready, SysError> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
         loop {
-            // SAFETY: `evs` has room for the 2 events asked for.
+            // SAFETY: `evs` has room for the 4 events asked for.
             let n =
-                unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 2, timeout_ms) };
+                unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), 4, timeout_ms) };
             if n < 0 {
                 if last_errno() == libc::EINTR {
                     continue;
@@ -782,10 +787,15 @@ impl Waiter {
             if n == 0 {
                 return Ok(Ready::Timeout);
             }
-            if evs[..n as usize].iter().any(|e| e.u64 == 1) {
-                return Ok(Ready::Other);
-            }
-            return Ok(Ready::Events);
+            let other = evs[..n as usize]
+                .iter()
+                .map(|e| e.u64)
+                .filter(|&t| t != u64::MAX)
+                .min();
+            return Ok(match other {
+                Some(i) => Ready::Other(i as usize),
+                None => Ready::Events,
+            });
         }
     }
 }
@@ -809,7 +819,15 @@ impl EventFd {
         Ok(EventFd { fd })
     }
 
-    /// Makes the eventfd readable (for good: it is never read).
+    /// Resets the counter to zero (a non-blocking read); returns what it was.
+    pub fn drain(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64; EAGAIN (zero) leaves it 0.
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        v
+    }
+
+    /// Adds one to the counter, making the eventfd readable.
     pub fn signal(&self) -> Result<(), SysError> {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64.
@@ -965,6 +983,8 @@ mod tests {
         let e = EventFd::new().expect("eventfd");
         assert_eq!(u.wait(e.raw_fd(), 0).expect("poll"), Ready::Timeout);
         e.signal().expect("signal");
-        assert_eq!(u.wait(e.raw_fd(), 0).expect("poll"), Ready::Other);
+        assert_eq!(u.wait(e.raw_fd(), 0).expect("poll"), Ready::Other(0));
+        let w = Waiter::new(&u, &[e.raw_fd()], false).expect("epoll");
+        assert_eq!(w.wait(0).expect("epoll"), Ready::Other(0));
     }
 }

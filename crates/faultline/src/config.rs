@@ -69,7 +69,7 @@ pub struct Config {
     /// Fault lock discipline. Default [`LockMode::Hashed`].
     pub locks: LockMode,
     /// Number of locks in the hashed table (power of two). Default: the next
-    /// power of two of `2 * workers`, at least 16.
+    /// power of two of `2 * workers` (seed 003).
     pub fault_locks: usize,
     /// Events read per `read(2)` on the userfaultfd. Default 16.
     pub event_batch: usize,
@@ -110,7 +110,7 @@ impl Default for Config {
             workers,
             pin_workers: true,
             locks: LockMode::Hashed,
-            fault_locks: (2 * workers).next_power_of_two().max(16),
+            fault_locks: (2 * workers).next_power_of_two(),
             event_batch: 16,
             exclusive_wake: false,
             pcp: true,

@@ -119,6 +119,12 @@ pub(crate) struct Core {
     pub(crate) stats: Stats,
     errors: Mutex<VecDeque<FaultError>>,
     next_id: AtomicU64,
+    /// Events handed off by a worker about to block; see `fault::service`.
+    pub(crate) deferred: Mutex<VecDeque<faultline_sys::uffd::Event>>,
+    /// Signalled when `deferred` gets events.
+    pub(crate) deferred_fd: EventFd,
+    /// Kernel thread ids of the workers (a fault from one is a bug).
+    pub(crate) worker_tids: Mutex<Vec<u32>>,
 }
 
 impl Core {
@@ -186,10 +192,10 @@ impl ManagerBuilder {
     }
 
     /// Number of fault workers (the lock table follows: `2 x workers`
-    /// rounded up to a power of two, at least 16).
+    /// rounded up to a power of two).
     pub fn workers(mut self, n: usize) -> Self {
         self.config.workers = n;
-        self.config.fault_locks = (2 * n).next_power_of_two().max(16);
+        self.config.fault_locks = (2 * n).next_power_of_two();
         self
     }
 
@@ -216,7 +222,7 @@ impl ManagerBuilder {
     pub fn build(self) -> Result<Manager, BuildError> {
         let config = self.config;
         config.validate()?;
-        let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features(0))?;
+        let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features::THREAD_ID)?;
         let pool = Pool::new(config.budget, &uffd)?;
         let alloc: Box<dyn FrameAllocator> = Box::new(FrameAlloc::new(
             pool.pages(),
@@ -233,6 +239,9 @@ impl ManagerBuilder {
             table: RegionTable::new(),
             errors: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(1),
+            deferred: Mutex::new(VecDeque::new()),
+            deferred_fd: EventFd::new()?,
+            worker_tids: Mutex::new(Vec::new()),
             config,
             uffd,
             pool,
@@ -327,9 +336,13 @@ impl Manager {
             },
         )?;
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
+        // Fault-around (and window-sized fault locks) only where a window's
+        // content is free to make and the lock key is the region's own.
         let window = match page {
-            PageSize::Base4K => core.config.fault_around,
-            PageSize::Huge2M => 1,
+            PageSize::Base4K if store.is_zero() && store.identity().is_none() => {
+                core.config.fault_around
+            }
+            _ => 1,
         };
         let inner = Arc::new(RegionInner::new(id, map, page, store, window));
         core.table.insert(Arc::clone(&inner));
@@ -342,7 +355,9 @@ impl Manager {
     /// Current statistics.
     pub fn stats(&self) -> StatsSnapshot {
         let c = self.core();
-        c.stats.snapshot(c.pool.pages(), c.alloc.free_pages())
+        let mut snap = c.stats.snapshot(c.pool.pages(), c.alloc.free_pages());
+        snap.locks = c.locks.stat();
+        snap
     }
 
     /// The oldest fault error not yet returned, if any (a fault that could not
@@ -478,7 +493,8 @@ impl Region {
             {
                 continue;
             }
-            let _g = core.locks.lock(r.id, r.lock_key(w.start));
+            let (domain, key) = r.lock_key(w.start);
+            let _g = core.locks.lock(domain, key);
             // Runs of resident pages backed by consecutive frames (a
             // fault-around run) go back with one UFFDIO_MOVE.
             let mut p = w.start;

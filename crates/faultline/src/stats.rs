@@ -10,6 +10,7 @@
 //! sees adds the kernel's queueing and the wake-ups (see `faultline bench
 //! fault` for that).
 
+use crate::fault::locks::LockStat;
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -35,6 +36,7 @@ pub struct Stats {
     pub(crate) pt_discards: AtomicU64,
     pub(crate) fault_around_pages: AtomicU64,
     pub(crate) unmapped_pages: AtomicU64,
+    pub(crate) deferrals: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
 
@@ -65,6 +67,7 @@ impl Stats {
             pt_discards: AtomicU64::new(0),
             fault_around_pages: AtomicU64::new(0),
             unmapped_pages: AtomicU64::new(0),
+            deferrals: AtomicU64::new(0),
             hist: (0..workers.max(1))
                 .map(|_| CachePadded::new(Mutex::new(new_hist())))
                 .collect(),
@@ -108,6 +111,8 @@ impl Stats {
             pt_discards: r(&self.pt_discards),
             fault_around_pages: r(&self.fault_around_pages),
             unmapped_pages: r(&self.unmapped_pages),
+            deferrals: r(&self.deferrals),
+            locks: LockStat::default(),
             frames_total,
             frames_free,
             service: LatencySummary::of(&merged),
@@ -185,6 +190,10 @@ pub struct StatsSnapshot {
     pub fault_around_pages: u64,
     /// Pages moved back to the pool when their region was unmapped.
     pub unmapped_pages: u64,
+    /// Batches a worker handed to the others before it blocked.
+    pub deferrals: u64,
+    /// Fault lock statistics (lockstat), summed over the table.
+    pub locks: LockStat,
     /// Pool size in 4 KiB frames.
     pub frames_total: usize,
     /// Free 4 KiB frames.
@@ -225,6 +234,14 @@ impl fmt::Display for StatsSnapshot {
             self.frames_free,
             self.frames_total,
             (self.frames_total * 4096) >> 20
+        )?;
+        writeln!(
+            f,
+            "fault locks {} acquisitions, {} contended, {:.1} ms waited; {} batches handed off",
+            self.locks.acquisitions,
+            self.locks.contentions,
+            self.locks.wait_ns as f64 / 1e6,
+            self.deferrals
         )?;
         writeln!(
             f,

@@ -65,6 +65,55 @@ pub trait Store: Send + Sync + Debug {
 
     /// Makes every completed `write` durable.
     fn flush(&self) -> Result<(), StoreError>;
+
+    /// The backing object this store reads, and the object page that the
+    /// region's page 0 is: `(object id, first page)`. Regions whose stores
+    /// name the same object serialize faults on the same object page under one
+    /// fault lock. `None` (the default): the region is its own object.
+    fn identity(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+/// A store wrapper that sleeps a fixed time before every read: a stand-in
+/// for a remote or slow store (seed 003's experiment). Its pages are the
+/// inner store's, so it is never `is_zero`: every fault calls `read`.
+#[derive(Debug, Clone)]
+pub struct Delayed<S> {
+    inner: S,
+    latency: std::time::Duration,
+}
+
+impl<S: Store> Delayed<S> {
+    /// Wraps `inner`, adding `latency` to each read.
+    pub fn new(inner: S, latency: std::time::Duration) -> Self {
+        Delayed { inner, latency }
+    }
+}
+
+impl<S: Store> Store for Delayed<S> {
+    fn name(&self) -> &'static str {
+        "delayed"
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if !self.latency.is_zero() {
+            std::thread::sleep(self.latency);
+        }
+        self.inner.read(page, buf)
+    }
+
+    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.inner.write(page, buf)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.inner.identity()
+    }
 }
 
 /// Anonymous memory: pages read as zeros.
@@ -100,6 +149,18 @@ impl Store for Zero {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delayed_sleeps_and_is_not_zero() {
+        let d = Delayed::new(Zero, std::time::Duration::from_millis(5));
+        assert!(!d.is_zero());
+        let mut buf = vec![1u8; 4096];
+        let t = std::time::Instant::now();
+        d.read(0, &mut buf).expect("read");
+        assert!(t.elapsed() >= std::time::Duration::from_millis(5));
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(d.identity(), None);
+    }
 
     #[test]
     fn zero_reads_zeros_and_refuses_writes() {

@@ -1,38 +1,73 @@
-//! Fault locks: serialize the resolution of one page.
+//! Fault locks: serialize the resolution of one page (seed 003).
 //!
-//! A table of `n` cache-line-padded mutexes (`n` a power of two); page `p` of
-//! region `r` uses lock `hash(r, p) & (n - 1)`. With [`LockMode::Global`]
-//! (the pre-seed baseline of seed 003) `n = 1`: every fault takes one lock.
+//! A table of `n` cache-line-padded mutexes, `n` a power of two (by default
+//! the next power of two of `2 x workers`); the page with key `(domain, page)`
+//! uses lock `hash(domain, page) & (n - 1)`. The domain is the region, or for
+//! a store that names its backing object ([`crate::Store::identity`]) that
+//! object, so two regions over one file serialize the same file page. With
+//! [`LockMode::Global`] (the pre-seed baseline) `n = 1`: every fault takes one
+//! lock.
+//!
+//! Lockstat: each lock counts its acquisitions, the acquisitions that found
+//! it held (contentions), and the time those waited, in counters that live
+//! in the lock's own cache line and change only while it is held (so they
+//! cost no extra cache-line transfer); [`FaultLocks::stat`] sums them.
 //!
 //! Invariant: a page's state (absent / resident / poisoned) and its mapping
 //! change only under its lock. Nothing that can fault on a managed region runs
-//! under a fault lock — workers never touch region memory — so holding one
-//! can never wait on another fault. Locks are leaves: no other faultline lock
-//! is taken while one is held except the allocator's zone lock and the
-//! stats histogram lock, which are themselves leaves.
+//! under a fault lock — workers never touch region memory, and a worker that
+//! faults is reported (see `fault::service`) — so holding one can never wait
+//! on another fault. Locks are leaves: while one is held only the allocator's
+//! locks, the pool's split lock and the stats histogram lock are taken, and
+//! they are leaves too.
 
 use crate::config::LockMode;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Counters of one lock (or a sum of them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LockStat {
+    /// Times the lock was taken.
+    pub acquisitions: u64,
+    /// Times it was found held and the taker waited.
+    pub contentions: u64,
+    /// Total time spent waiting, in nanoseconds.
+    pub wait_ns: u64,
+}
+
+/// A held fault lock.
+pub type FaultGuard<'a> = MutexGuard<'a, LockStat>;
 
 /// The table. See the module docs.
 #[derive(Debug)]
 pub struct FaultLocks {
-    locks: Box<[CachePadded<Mutex<()>>]>,
+    locks: Box<[CachePadded<Mutex<LockStat>>]>,
     mask: usize,
+    mode: LockMode,
 }
 
 impl FaultLocks {
-    /// A table for `mode`; `count` (a power of two) is used for `Hashed`.
+    /// A table for `mode`; `count` (rounded up to a power of two) is used for
+    /// `Hashed`.
     pub fn new(mode: LockMode, count: usize) -> FaultLocks {
         let n = match mode {
             LockMode::Global => 1,
             LockMode::Hashed => count.next_power_of_two().max(1),
         };
         FaultLocks {
-            locks: (0..n).map(|_| CachePadded::new(Mutex::new(()))).collect(),
+            locks: (0..n)
+                .map(|_| CachePadded::new(Mutex::new(LockStat::default())))
+                .collect(),
             mask: n - 1,
+            mode,
         }
+    }
+
+    /// The discipline in force.
+    pub fn mode(&self) -> LockMode {
+        self.mode
     }
 
     /// Number of locks.
@@ -45,18 +80,48 @@ impl FaultLocks {
         false
     }
 
-    /// Index of the lock of page `page` of region `region`.
-    pub fn index(&self, region: u64, page: u64) -> usize {
+    /// Index of the lock of `(domain, page)`.
+    pub fn index(&self, domain: u64, page: u64) -> usize {
         // A multiplicative hash (Fibonacci hashing) of both keys, so that
-        // neighbouring pages of one region land on different locks.
+        // neighbouring pages of one domain land on different locks.
         let h =
-            (region.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+            (domain.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ page).wrapping_mul(0xD6E8_FEB8_6659_FD93);
         (h >> 32) as usize & self.mask
     }
 
-    /// Takes the lock of `(region, page)`.
-    pub fn lock(&self, region: u64, page: u64) -> MutexGuard<'_, ()> {
-        self.locks[self.index(region, page)].lock()
+    /// Whether the lock of `(domain, page)` is held right now (a hint).
+    pub fn is_locked(&self, domain: u64, page: u64) -> bool {
+        self.locks[self.index(domain, page)].is_locked()
+    }
+
+    /// Takes the lock of `(domain, page)`, counting the acquisition and any
+    /// wait.
+    pub fn lock(&self, domain: u64, page: u64) -> FaultGuard<'_> {
+        let m = &self.locks[self.index(domain, page)];
+        let mut g = match m.try_lock() {
+            Some(g) => g,
+            None => {
+                let t = Instant::now();
+                let mut g = m.lock();
+                g.contentions += 1;
+                g.wait_ns += t.elapsed().as_nanos() as u64;
+                g
+            }
+        };
+        g.acquisitions += 1;
+        g
+    }
+
+    /// The counters of every lock, summed.
+    pub fn stat(&self) -> LockStat {
+        self.locks.iter().fold(LockStat::default(), |acc, l| {
+            let s = *l.lock();
+            LockStat {
+                acquisitions: acc.acquisitions + s.acquisitions,
+                contentions: acc.contentions + s.contentions,
+                wait_ns: acc.wait_ns + s.wait_ns,
+            }
+        })
     }
 }
 
@@ -81,5 +146,20 @@ mod tests {
             "64 neighbouring pages hit only {} of 16 locks",
             used.len()
         );
+    }
+
+    #[test]
+    fn lockstat_counts_waits() {
+        let l = FaultLocks::new(LockMode::Global, 1);
+        let g = l.lock(1, 1);
+        std::thread::scope(|s| {
+            s.spawn(|| drop(l.lock(2, 2)));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(g);
+        });
+        let st = l.stat();
+        assert_eq!(st.acquisitions, 2);
+        assert_eq!(st.contentions, 1);
+        assert!(st.wait_ns >= 10_000_000, "{st:?}");
     }
 }

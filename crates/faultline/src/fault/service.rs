@@ -34,6 +34,7 @@ use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::uffd::{Event, Ready, Resolved, Waiter};
 use faultline_sys::{host, SysError, PAGE_SIZE};
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,33 +59,51 @@ pub enum Resolution {
 const MOVE_RETRIES: u32 = 1000;
 
 /// The worker loop: runs until the shutdown eventfd becomes readable.
+///
+/// Intake is never held up by a slow fault: before a worker does anything
+/// that may block (a store read, or waiting for a page lock another worker
+/// holds), it hands the rest of its batch to the shared deferred queue and
+/// signals it, so idle workers take those events at once.
 pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
     if core.config.pin_workers {
         // Best effort: a worker that cannot be pinned still serves faults.
         let _ = host::pin_thread(worker % host::online_cpus());
     }
+    core.worker_tids.lock().push(host::thread_id());
     let batch = core.config.event_batch;
     let spin = Duration::from_micros(u64::from(core.config.spin_us));
-    let waiter = match Waiter::new(&core.uffd, shutdown, core.config.exclusive_wake) {
+    let others = [shutdown, core.deferred_fd.raw_fd()];
+    let waiter = match Waiter::new(&core.uffd, &others, core.config.exclusive_wake) {
         Ok(w) => w,
         Err(e) => {
             core.record(FaultError::Events(e));
             return;
         }
     };
-    let mut events = Vec::with_capacity(batch);
+    let mut read = Vec::with_capacity(batch);
+    let mut events: VecDeque<Event> = VecDeque::with_capacity(batch);
     let mut last_event = Instant::now();
     loop {
-        events.clear();
-        match core.uffd.read_events(&mut events, batch) {
+        // Deferred events first: they have waited longest.
+        let deferred = core.deferred.lock().pop_front();
+        if let Some(ev) = deferred {
+            handle(&core, worker, ev, &mut events);
+            last_event = Instant::now();
+            continue;
+        }
+        read.clear();
+        match core.uffd.read_events(&mut read, batch) {
             Ok(0) => {
                 if !spin.is_zero() && last_event.elapsed() < spin {
                     std::hint::spin_loop();
                     continue;
                 }
                 match waiter.wait(-1) {
-                    Ok(Ready::Other) => return,
-                    Ok(_) => continue,
+                    Ok(Ready::Other(0)) => return,
+                    Ok(Ready::Other(_)) => {
+                        core.deferred_fd.drain();
+                    }
+                    Ok(_) => {}
                     Err(e) => {
                         core.record(FaultError::Events(e));
                         std::thread::sleep(Duration::from_millis(10));
@@ -92,8 +111,9 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
                 }
             }
             Ok(_) => {
-                for &ev in &events {
-                    handle(&core, worker, ev);
+                events.extend(read.drain(..));
+                while let Some(ev) = events.pop_front() {
+                    handle(&core, worker, ev, &mut events);
                 }
                 last_event = Instant::now();
             }
@@ -105,11 +125,38 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
     }
 }
 
-/// Handles one event.
-pub(crate) fn handle(core: &Core, worker: usize, ev: Event) -> Resolution {
-    let Event::PageFault { addr, .. } = ev else {
+/// Hands `rest` (events this worker read but has not handled) to the other
+/// workers, before this one does something that may block.
+fn defer(core: &Core, rest: &mut VecDeque<Event>) {
+    if rest.is_empty() {
+        return;
+    }
+    core.deferred.lock().extend(rest.drain(..));
+    Stats::bump(&core.stats.deferrals);
+    if let Err(e) = core.deferred_fd.signal() {
+        core.record(FaultError::Events(e));
+    }
+}
+
+/// Handles one event; `rest` is the remainder of the worker's batch, handed
+/// off (see [`run_worker`]) if this event may block.
+pub(crate) fn handle(
+    core: &Core,
+    worker: usize,
+    ev: Event,
+    rest: &mut VecDeque<Event>,
+) -> Resolution {
+    let Event::PageFault { addr, tid, .. } = ev else {
         return Resolution::Stray;
     };
+    if tid != 0 && core.worker_tids.lock().contains(&tid) {
+        // A worker touched region memory: a bug (or a store that reads a
+        // managed region), and a deadlock in the making. Say so loudly.
+        core.record(FaultError::Inconsistent {
+            addr,
+            what: "a fault worker faulted on a managed region",
+        });
+    }
     let t0 = Instant::now();
     let Some(region) = core.table.lookup(addr) else {
         Stats::bump(&core.stats.stray);
@@ -123,8 +170,12 @@ pub(crate) fn handle(core: &Core, worker: usize, ev: Event) -> Resolution {
         PageSize::Base4K => &core.stats.faults_4k,
         PageSize::Huge2M => &core.stats.faults_2m,
     });
+    let (domain, key) = region.lock_key(page);
+    if !region.store.is_zero() || core.locks.is_locked(domain, key) {
+        defer(core, rest);
+    }
     let res = {
-        let _guard = core.locks.lock(region.id, region.lock_key(page));
+        let _guard = core.locks.lock(domain, key);
         resolve(core, &region, page)
     };
     match res {

@@ -108,9 +108,15 @@ impl RegionInner {
         self.start() + page * self.page_size.bytes()
     }
 
-    /// The fault lock key of page `page`: its fault-around window.
-    pub fn lock_key(&self, page: usize) -> u64 {
-        (page >> self.window_shift) as u64
+    /// The fault lock key of page `page`: `(domain, page key)`. For a store
+    /// that names its object, the object and the object page, so regions
+    /// over one object serialize the same page; otherwise the region and the
+    /// page's fault-around window.
+    pub fn lock_key(&self, page: usize) -> (u64, u64) {
+        match self.store.identity() {
+            Some((object, first)) => (object, first + page as u64),
+            None => (self.id, (page >> self.window_shift) as u64),
+        }
     }
 
     /// The pages of the lock window holding `page`.
