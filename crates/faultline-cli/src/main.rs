@@ -37,6 +37,8 @@ enum Which {
     Fault(bench::BenchOpts),
     /// Frame allocator cost per page for batches 1..16384: global, pcp, bulk.
     Alloc(bench::BenchOpts),
+    /// T threads fault a region of 2 MiB pages: one fault lock vs the hashed table.
+    ParallelFault(bench::BenchOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +55,7 @@ fn main() -> anyhow::Result<()> {
             let (report, json) = match which {
                 Which::Fault(o) => (bench::fault::run(&o)?, o.json),
                 Which::Alloc(o) => (bench::alloc::run(&o)?, o.json),
+                Which::ParallelFault(o) => (bench::parallel_fault::run(&o)?, o.json),
             };
             report.print(json)
         }

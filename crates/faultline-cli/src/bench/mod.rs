@@ -3,6 +3,7 @@
 
 pub mod alloc;
 pub mod fault;
+pub mod parallel_fault;
 
 use faultline::Config;
 use indicatif::{ProgressBar, ProgressStyle};

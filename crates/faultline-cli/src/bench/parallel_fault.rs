@@ -1,0 +1,167 @@
+//! `faultline bench parallel-fault`: Anton Blanchard's parallel_fault (seed
+//! 003) on faultline. T application threads fault a region of 2 MiB pages
+//! (thread t touches pages t, t + T, t + 2T, ...), with T fault workers, one
+//! lock for every fault (`global`, the pre-seed baseline) or the hashed table
+//! (`hashed`), behind a store that sleeps 0 or 100 µs per read (a stand-in
+//! for a remote store; the read also fills the 2 MiB frame, the work the
+//! seed's hugetlb faults did by clearing). Reports wall seconds (median of
+//! the repetitions, with min..max) and the lockstat counters of the median
+//! run.
+
+use super::{progress, BenchOpts};
+use crate::report::{Report, Summary};
+use faultline::store::{Delayed, Zero};
+use faultline::{Config, LockMode, Manager, MapOptions, PageSize};
+use serde_json::json;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+struct Run {
+    seconds: f64,
+    acquisitions: u64,
+    contentions: u64,
+    wait_us: f64,
+}
+
+fn one(
+    locks: LockMode,
+    threads: usize,
+    latency_us: u64,
+    bytes: usize,
+    base: &Config,
+) -> anyhow::Result<Run> {
+    let config = Config {
+        budget: bytes,
+        workers: threads,
+        fault_locks: (2 * threads).next_power_of_two(),
+        locks,
+        ..base.clone()
+    };
+    let mm = Manager::builder().config(config).build()?;
+    let store = Delayed::new(Zero, Duration::from_micros(latency_us));
+    let r = mm.map(bytes, store, MapOptions::new().page_size(PageSize::Huge2M))?;
+    let pages = bytes / PageSize::Huge2M.bytes();
+    let barrier = Barrier::new(threads);
+    let base_addr = r.addr();
+    // Each thread notes when it started (after the barrier) and finished;
+    // the run lasts from the first start to the last finish. (Timing from
+    // the spawning thread would start late when it is not scheduled at once
+    // among 2 x T runnable threads.)
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for p in (t..pages).step_by(threads) {
+                        // SAFETY: page p lies inside the region, which
+                        // outlives this scope.
+                        unsafe {
+                            ((base_addr + p * PageSize::Huge2M.bytes()) as *mut u8)
+                                .write_volatile(1)
+                        };
+                    }
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        hs.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let first = spans
+        .iter()
+        .map(|s| s.0)
+        .min()
+        .ok_or_else(|| anyhow::anyhow!("no thread finished"))?;
+    let last = spans
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .ok_or_else(|| anyhow::anyhow!("no thread finished"))?;
+    let seconds = (last - first).as_secs_f64();
+    let st = mm.stats();
+    if let Some(e) = mm.take_error() {
+        anyhow::bail!("fault error during the run: {e}");
+    }
+    Ok(Run {
+        seconds,
+        acquisitions: st.locks.acquisitions,
+        contentions: st.locks.contentions,
+        wait_us: st.locks.wait_ns as f64 / 1e3,
+    })
+}
+
+pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
+    let (bytes, threads, reps): (usize, &[usize], usize) = if opts.quick {
+        (128 << 20, &[1, 4, 16], 1)
+    } else {
+        (512 << 20, &[1, 2, 4, 8, 16, 64], 3)
+    };
+    let base = opts.config();
+    let mut report = Report::new(
+        "parallel-fault",
+        vec![
+            "locks",
+            "threads",
+            "latency_us",
+            "seconds",
+            "spread",
+            "acquisitions",
+            "contentions",
+            "wait_us",
+            "speedup",
+        ],
+    );
+    report.config =
+        json!({"region_bytes": bytes, "page": "2m", "repetitions": reps, "workers": "= threads"});
+    let configs: Vec<(u64, usize, LockMode)> = [0u64, 100]
+        .iter()
+        .flat_map(|&l| {
+            threads
+                .iter()
+                .flat_map(move |&t| [LockMode::Global, LockMode::Hashed].map(|m| (l, t, m)))
+        })
+        .collect();
+    let bar = progress((configs.len() * reps) as u64, "parallel");
+    let mut global_secs = std::collections::HashMap::new();
+    for (latency, t, mode) in configs {
+        let mut runs = Vec::new();
+        for _ in 0..reps {
+            runs.push(one(mode, t, latency, bytes, &base)?);
+            bar.inc(1);
+        }
+        runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+        let mut secs: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
+        let s = Summary::of(&mut secs);
+        let mid = &runs[runs.len() / 2];
+        let name = match mode {
+            LockMode::Global => "global",
+            LockMode::Hashed => "hashed",
+        };
+        if mode == LockMode::Global {
+            global_secs.insert((latency, t), s.median);
+        }
+        let speedup = global_secs.get(&(latency, t)).map_or(1.0, |g| g / s.median);
+        report.rows.push(json!({"locks": name, "threads": t, "store_latency_us": latency,
+            "seconds": s.median, "seconds_min": s.min, "seconds_max": s.max,
+            "contentions": mid.contentions, "acquisitions": mid.acquisitions, "wait_us": mid.wait_us,
+            "speedup_vs_global": speedup}));
+        report.table.push(vec![
+            name.into(),
+            t.to_string(),
+            latency.to_string(),
+            format!("{:.4}", s.median),
+            format!("{:.4}..{:.4}", s.min, s.max),
+            mid.acquisitions.to_string(),
+            mid.contentions.to_string(),
+            format!("{:.0}", mid.wait_us),
+            format!("{speedup:.2}x"),
+        ]);
+    }
+    bar.finish_and_clear();
+    report.notes.push(format!(
+        "{} MiB of 2 MiB pages per run; workers = threads; speedup = global seconds / this row's.",
+        bytes >> 20
+    ));
+    Ok(report)
+}
