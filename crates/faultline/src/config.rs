@@ -97,6 +97,15 @@ pub struct Config {
     /// one `UFFDIO_MOVE`. A power of two up to 512; 1 turns it off. Default 16
     /// (`faultline bench alloc`, fault rows).
     pub fault_around: usize,
+    /// Sub-page order for clearing a 2 MiB frame on the fault path (seed
+    /// 000). Default `Sequential` (`faultline bench clear-order`).
+    pub fill_order: crate::fill::FillOrder,
+    /// A low-priority zeroing worker keeps `prezero_reserve` zeroed 2 MiB
+    /// frames ready, so a 2 MiB fault needs no clearing. Default on.
+    pub prezero: bool,
+    /// Zeroed 2 MiB frames to keep ready. Default 8 (16 MiB). The reserve
+    /// gives its frames back when an allocation finds the pool empty.
+    pub prezero_reserve: usize,
     /// Busy-poll the userfaultfd this many microseconds after the last event
     /// before blocking in `poll(2)`. Default 0 (block at once).
     pub spin_us: u32,
@@ -117,6 +126,9 @@ impl Default for Config {
             pcp_batch: 128,
             pcp_high: 1024,
             fault_around: 16,
+            fill_order: crate::fill::FillOrder::Sequential,
+            prezero: true,
+            prezero_reserve: 8,
             spin_us: 0,
         }
     }

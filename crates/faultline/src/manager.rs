@@ -125,9 +125,72 @@ pub(crate) struct Core {
     pub(crate) deferred_fd: EventFd,
     /// Kernel thread ids of the workers (a fault from one is a bug).
     pub(crate) worker_tids: Mutex<Vec<u32>>,
+    /// Zeroed 2 MiB frames ready for faults (filled by the zeroing worker).
+    reserve: Mutex<Vec<Frame>>,
+    /// Wakes the zeroing worker (a frame was taken, or shutdown).
+    reserve_cv: parking_lot::Condvar,
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Core {
+    /// A pre-zeroed 2 MiB frame, if the reserve has one.
+    pub(crate) fn take_prezeroed(&self) -> Option<Frame> {
+        let f = self.reserve.lock().pop();
+        if f.is_some() {
+            self.reserve_cv.notify_one();
+        }
+        f
+    }
+
+    /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
+    /// reserve back to the allocator (its frames stay marked zero) and tries
+    /// once more.
+    pub(crate) fn alloc_or_reclaim_reserve(&self, order: u8) -> Option<Frame> {
+        if let Some(f) = self.alloc.alloc(order) {
+            return Some(f);
+        }
+        let mut back: Vec<Frame> = std::mem::take(&mut *self.reserve.lock());
+        if back.is_empty() {
+            return None;
+        }
+        self.alloc.free_bulk(&mut back);
+        self.alloc.alloc(order)
+    }
+
+    /// The zeroing worker: keeps `prezero_reserve` zeroed 2 MiB frames ready,
+    /// at the lowest CPU priority, leaving at least twice the reserve free in
+    /// the pool for faults.
+    fn run_zeroer(&self) {
+        let _ = faultline_sys::host::set_thread_nice(19);
+        let want = self.config.prezero_reserve;
+        let keep_free = 2 * want * crate::frame::PAGES_PER_HUGE;
+        loop {
+            {
+                let mut r = self.reserve.lock();
+                while !self.stopping.load(Ordering::Acquire)
+                    && (r.len() >= want || self.alloc.free_hint() < keep_free)
+                {
+                    // Timed: free memory may come back without a notify.
+                    self.reserve_cv
+                        .wait_for(&mut r, std::time::Duration::from_millis(20));
+                }
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let Some(mut f) = self.alloc.alloc(crate::frame::HUGE_ORDER) else {
+                continue;
+            };
+            if !self.pool.is_zeroed(&f) {
+                // SAFETY: `f` was just allocated: this thread owns it.
+                crate::fill::clear(unsafe { self.pool.bytes_mut(&mut f) });
+                self.pool.set_zeroed(&f, true);
+            }
+            Stats::bump(&self.stats.prezeroed_made);
+            self.reserve.lock().push(f);
+        }
+    }
+
     /// Queues a fault error for the API to return.
     pub(crate) fn record(&self, e: FaultError) {
         tracing::warn!(error = %e, "fault error");
@@ -159,10 +222,15 @@ impl Drop for Service {
     fn drop(&mut self) {
         // If signalling fails the workers would block forever; there is no
         // way to report it from drop, and joining would hang, so detach then.
+        // Release pairs with the zeroing worker's Acquire load.
+        self.core.stopping.store(true, Ordering::Release);
+        self.core.reserve_cv.notify_all();
         if self.shutdown.signal().is_ok() {
             for w in self.workers.drain(..) {
                 let _ = w.join();
             }
+            let mut reserve = std::mem::take(&mut *self.core.reserve.lock());
+            self.core.alloc.free_bulk(&mut reserve);
             // Every region is gone (each held this service), so every frame
             // is free again: `free + in flight + mapped = pool pages` with the
             // last two zero. Checked in debug builds (the tests).
@@ -242,6 +310,9 @@ impl ManagerBuilder {
             deferred: Mutex::new(VecDeque::new()),
             deferred_fd: EventFd::new()?,
             worker_tids: Mutex::new(Vec::new()),
+            reserve: Mutex::new(Vec::new()),
+            reserve_cv: parking_lot::Condvar::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             config,
             uffd,
             pool,
@@ -259,6 +330,14 @@ impl ManagerBuilder {
             let h = std::thread::Builder::new()
                 .name(format!("faultline-w{i}"))
                 .spawn(move || service::run_worker(c, i, fd))
+                .map_err(BuildError::Thread)?;
+            service.workers.push(h);
+        }
+        if core.config.prezero && core.pool.thp() {
+            let c = Arc::clone(&core);
+            let h = std::thread::Builder::new()
+                .name("faultline-zero".into())
+                .spawn(move || c.run_zeroer())
                 .map_err(BuildError::Thread)?;
             service.workers.push(h);
         }
@@ -355,8 +434,13 @@ impl Manager {
     /// Current statistics.
     pub fn stats(&self) -> StatsSnapshot {
         let c = self.core();
-        let mut snap = c.stats.snapshot(c.pool.pages(), c.alloc.free_pages());
+        // Reserve frames are free memory that happens to be zeroed already.
+        let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
+        let mut snap = c
+            .stats
+            .snapshot(c.pool.pages(), c.alloc.free_pages() + reserve);
         snap.locks = c.locks.stat();
+        snap.frames_prezeroed = reserve;
         snap
     }
 

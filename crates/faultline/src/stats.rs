@@ -37,6 +37,7 @@ pub struct Stats {
     pub(crate) fault_around_pages: AtomicU64,
     pub(crate) unmapped_pages: AtomicU64,
     pub(crate) deferrals: AtomicU64,
+    pub(crate) prezeroed_made: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
 
@@ -68,6 +69,7 @@ impl Stats {
             fault_around_pages: AtomicU64::new(0),
             unmapped_pages: AtomicU64::new(0),
             deferrals: AtomicU64::new(0),
+            prezeroed_made: AtomicU64::new(0),
             hist: (0..workers.max(1))
                 .map(|_| CachePadded::new(Mutex::new(new_hist())))
                 .collect(),
@@ -112,7 +114,9 @@ impl Stats {
             fault_around_pages: r(&self.fault_around_pages),
             unmapped_pages: r(&self.unmapped_pages),
             deferrals: r(&self.deferrals),
+            prezeroed_made: r(&self.prezeroed_made),
             locks: LockStat::default(),
+            frames_prezeroed: 0,
             frames_total,
             frames_free,
             service: LatencySummary::of(&merged),
@@ -192,12 +196,16 @@ pub struct StatsSnapshot {
     pub unmapped_pages: u64,
     /// Batches a worker handed to the others before it blocked.
     pub deferrals: u64,
+    /// 2 MiB frames the zeroing worker put in the reserve.
+    pub prezeroed_made: u64,
     /// Fault lock statistics (lockstat), summed over the table.
     pub locks: LockStat,
     /// Pool size in 4 KiB frames.
     pub frames_total: usize,
-    /// Free 4 KiB frames.
+    /// Free 4 KiB frames (including the pre-zeroed reserve).
     pub frames_free: usize,
+    /// Of those, 4 KiB frames in the pre-zeroed 2 MiB reserve.
+    pub frames_prezeroed: usize,
     /// Worker service time per fault.
     pub service: LatencySummary,
 }
@@ -224,14 +232,20 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "fills       cleared {}, pre-zeroed {}, from store {}; page-table discards {}; fault-around pages {}",
-            self.fills_cleared, self.fills_prezeroed, self.fills_store, self.pt_discards, self.fault_around_pages
+            "fills       cleared {}, pre-zeroed {} (zeroing worker made {}), from store {}; page-table discards {}; fault-around pages {}",
+            self.fills_cleared,
+            self.fills_prezeroed,
+            self.prezeroed_made,
+            self.fills_store,
+            self.pt_discards,
+            self.fault_around_pages
         )?;
         writeln!(
             f,
-            "frames      {} used, {} free of {} ({} MiB pool)",
+            "frames      {} used, {} free ({} pre-zeroed) of {} ({} MiB pool)",
             used,
             self.frames_free,
+            self.frames_prezeroed,
             self.frames_total,
             (self.frames_total * 4096) >> 20
         )?;

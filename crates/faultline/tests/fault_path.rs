@@ -446,3 +446,39 @@ fn fault_around_maps_aligned_runs() {
         assert_eq!(st.unmapped_pages, 256);
     }
 }
+
+#[test]
+fn prezeroed_frames_serve_huge_faults_and_give_way_under_pressure() {
+    // 40 MiB: the zeroing worker may hold up to 4 frames (it leaves twice
+    // its reserve of 8 free), and touching all 20 pages needs them back.
+    let mm = manager(40 * MIB);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while mm.stats().prezeroed_made == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the zeroing worker made no frame"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut r = mm
+        .map(
+            40 * MIB,
+            Zero,
+            MapOptions::new().page_size(PageSize::Huge2M),
+        )
+        .expect("map");
+    // All 20 pages: the first faults take pre-zeroed frames, the last ones
+    // need the reserve's frames given back to the allocator.
+    let s = r.as_mut_slice();
+    for p in 0..20 {
+        assert_eq!(s[p * 2 * MIB + 9], 0);
+        s[p * 2 * MIB + 9] = 1;
+    }
+    let st = settled(&mm);
+    assert_eq!(st.poisoned, 0, "{st}");
+    assert!(st.fills_prezeroed >= 1, "{st}");
+    assert_eq!(st.frames_free, st.frames_prezeroed, "{st}");
+    drop(r);
+    let st = mm.stats();
+    assert_eq!(st.frames_free, st.frames_total, "{st}");
+}

@@ -176,7 +176,7 @@ pub(crate) fn handle(
     }
     let res = {
         let _guard = core.locks.lock(domain, key);
-        resolve(core, &region, page)
+        resolve(core, &region, page, addr)
     };
     match res {
         Resolution::Moved => Stats::bump(&core.stats.moves),
@@ -204,7 +204,7 @@ fn wake(core: &Core, region: &RegionInner, page: usize) {
 }
 
 /// Resolves a fault on `page` of `region`. Caller holds the page's lock.
-fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
+fn resolve(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) -> Resolution {
     let addr = region.page_addr(page);
     if region.dying() {
         wake(core, region, page);
@@ -253,10 +253,18 @@ fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
         _ => (page, 1),
     };
     let order = region.page_size.order() + count.trailing_zeros() as u8;
-    let (first, count, mut frame) = match core.alloc.alloc(order) {
+    // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
+    // worker has one ready.
+    let prezeroed = if order == crate::frame::HUGE_ORDER && region.store.is_zero() {
+        core.take_prezeroed()
+    } else {
+        None
+    };
+    let (first, count, mut frame) = match prezeroed.or_else(|| core.alloc_or_reclaim_reserve(order))
+    {
         Some(f) => (first, count, f),
         // No free run that long: the faulting page alone.
-        None if count > 1 => match core.alloc.alloc(region.page_size.order()) {
+        None if count > 1 => match core.alloc_or_reclaim_reserve(region.page_size.order()) {
             Some(f) => (page, 1, f),
             None => return no_frame(core, region, page),
         },
@@ -264,8 +272,20 @@ fn resolve(core: &Core, region: &RegionInner, page: usize) -> Resolution {
     };
     let addr = region.page_addr(first);
     let len = count * region.page_size.bytes();
-    // SAFETY: `frame` was just allocated, so this worker owns it.
-    match unsafe { fill::fill(&core.pool, &mut frame, region.store.as_ref(), first as u64) } {
+    let target = fault_addr.saturating_sub(addr).min(len - 1);
+    let fill_order = core.config.fill_order;
+    // SAFETY: `frame` was just allocated (or taken from the pre-zeroed
+    // reserve), so this worker owns it.
+    match unsafe {
+        fill::fill(
+            &core.pool,
+            &mut frame,
+            region.store.as_ref(),
+            first as u64,
+            target,
+            fill_order,
+        )
+    } {
         Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
         Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
         Ok(FillSource::Store) => Stats::bump(&core.stats.fills_store),
