@@ -39,6 +39,8 @@ enum Which {
     Alloc(bench::BenchOpts),
     /// T threads fault a region of 2 MiB pages: one fault lock vs the hashed table.
     ParallelFault(bench::BenchOpts),
+    /// anon-w-seq: writers stream through 2 MiB pages faulted on demand, per fill order.
+    ClearOrder(bench::BenchOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +58,7 @@ fn main() -> anyhow::Result<()> {
                 Which::Fault(o) => (bench::fault::run(&o)?, o.json),
                 Which::Alloc(o) => (bench::alloc::run(&o)?, o.json),
                 Which::ParallelFault(o) => (bench::parallel_fault::run(&o)?, o.json),
+                Which::ClearOrder(o) => (bench::clear_order::run(&o)?, o.json),
             };
             report.print(json)
         }

@@ -2,6 +2,7 @@
 //! real fault path with its baseline chosen through `Config`, in one run.
 
 pub mod alloc;
+pub mod clear_order;
 pub mod fault;
 pub mod parallel_fault;
 
