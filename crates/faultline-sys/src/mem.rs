@@ -103,6 +103,26 @@ impl Mapping {
         Ok(Mapping { addr, len })
     }
 
+    /// Splits ownership of a mapping: gives up `self` and returns one
+    /// `Mapping` per consecutive piece of `piece` bytes (which must divide the
+    /// length and be a multiple of the page size). Each piece unmaps itself.
+    pub fn split(self, piece: usize) -> Result<Vec<Mapping>, SysError> {
+        if piece == 0 || piece % PAGE_SIZE != 0 || self.len % piece != 0 {
+            return Err(SysError {
+                op: "split",
+                addr: self.addr(),
+                len: piece,
+                errno: libc::EINVAL,
+            });
+        }
+        let (addr, len) = (self.addr(), self.len);
+        std::mem::forget(self);
+        Ok((0..len / piece)
+            .filter_map(|i| NonNull::new((addr + i * piece) as *mut u8))
+            .map(|addr| Mapping { addr, len: piece })
+            .collect())
+    }
+
     /// First byte of the mapping.
     pub fn addr(&self) -> usize {
         self.addr.as_ptr() as usize
@@ -224,6 +244,17 @@ mod tests {
         assert!(m
             .advise(m.addr() + m.len(), PAGE_SIZE, Advice::HugePage)
             .is_err());
+    }
+
+    #[test]
+    fn split_pieces_own_their_pages() {
+        let m = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        let base = m.addr();
+        let parts = m.split(PAGE_SIZE).expect("split");
+        assert_eq!(parts.len(), 4);
+        assert_eq!(parts[3].addr(), base + 3 * PAGE_SIZE);
+        let bad = Mapping::anonymous(3 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        assert!(bad.split(2 * PAGE_SIZE).is_err());
     }
 
     #[test]

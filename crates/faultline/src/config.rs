@@ -110,6 +110,9 @@ pub struct Config {
     /// Zeroed 2 MiB frames to keep ready. Default 8 (16 MiB). The reserve
     /// gives its frames back when an allocation finds the pool empty.
     pub prezero_reserve: usize,
+    /// The lookup cache in front of the region table (seed 002). Default
+    /// `PerThread` (`faultline bench lookup`).
+    pub lookup_cache: crate::region::table::LookupCache,
     /// Busy-poll the userfaultfd this many microseconds after the last event
     /// before blocking in `poll(2)`. Default 0 (block at once).
     pub spin_us: u32,
@@ -133,6 +136,7 @@ impl Default for Config {
             fill_order: crate::fill::FillOrder::NeighbourhoodLast,
             prezero: true,
             prezero_reserve: 8,
+            lookup_cache: crate::region::table::LookupCache::PerThread,
             spin_us: 0,
         }
     }

@@ -32,5 +32,6 @@ mod sync;
 pub use config::{Config, ConfigError, LockMode, MapOptions, PageSize};
 pub use fault::FaultError;
 pub use manager::{AddrError, BuildError, Manager, ManagerBuilder, MapError, Region};
+pub use region::table::LookupCache;
 pub use stats::StatsSnapshot;
 pub use store::{Store, StoreError};

@@ -304,7 +304,7 @@ impl ManagerBuilder {
         let core = Arc::new(Core {
             locks: FaultLocks::new(config.locks, config.fault_locks),
             stats: Stats::new(config.workers),
-            table: RegionTable::new(),
+            table: RegionTable::new(config.lookup_cache),
             errors: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(1),
             deferred: Mutex::new(VecDeque::new()),
