@@ -41,6 +41,8 @@ enum Which {
     ParallelFault(bench::BenchOpts),
     /// anon-w-seq: writers stream through 2 MiB pages faulted on demand, per fill order.
     ClearOrder(bench::BenchOpts),
+    /// Region lookup cost and hit rate per cache scheme on build, database and replayed traces.
+    Lookup(bench::BenchOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,6 +61,7 @@ fn main() -> anyhow::Result<()> {
                 Which::Alloc(o) => (bench::alloc::run(&o)?, o.json),
                 Which::ParallelFault(o) => (bench::parallel_fault::run(&o)?, o.json),
                 Which::ClearOrder(o) => (bench::clear_order::run(&o)?, o.json),
+                Which::Lookup(o) => (bench::lookup::run(&o)?, o.json),
             };
             report.print(json)
         }

@@ -113,6 +113,9 @@ pub struct Config {
     /// The lookup cache in front of the region table (seed 002). Default
     /// `PerThread` (`faultline bench lookup`).
     pub lookup_cache: crate::region::table::LookupCache,
+    /// Record the addresses of up to this many faults (0: off), for replay by
+    /// `faultline bench lookup` ([`crate::Manager::fault_trace`]).
+    pub trace_faults: usize,
     /// Busy-poll the userfaultfd this many microseconds after the last event
     /// before blocking in `poll(2)`. Default 0 (block at once).
     pub spin_us: u32,
@@ -137,6 +140,7 @@ impl Default for Config {
             prezero: true,
             prezero_reserve: 8,
             lookup_cache: crate::region::table::LookupCache::PerThread,
+            trace_faults: 0,
             spin_us: 0,
         }
     }

@@ -130,6 +130,8 @@ pub(crate) struct Core {
     /// Wakes the zeroing worker (a frame was taken, or shutdown).
     reserve_cv: parking_lot::Condvar,
     stopping: std::sync::atomic::AtomicBool,
+    /// Fault addresses, when `config.trace_faults > 0`.
+    pub(crate) trace: Mutex<Vec<usize>>,
 }
 
 impl Core {
@@ -313,6 +315,7 @@ impl ManagerBuilder {
             reserve: Mutex::new(Vec::new()),
             reserve_cv: parking_lot::Condvar::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            trace: Mutex::new(Vec::new()),
             config,
             uffd,
             pool,
@@ -455,14 +458,23 @@ impl Manager {
         self.core().table.len()
     }
 
-    /// The page size and range of the region holding `addr`.
+    /// The range and page size of the region holding `addr`.
     pub fn region_at(&self, addr: usize) -> Result<(usize, usize, PageSize), AddrError> {
-        let r = self
-            .core()
+        self.core()
             .table
-            .lookup(addr)
-            .ok_or(AddrError::Foreign { addr })?;
-        Ok((r.start(), r.end(), r.page_size))
+            .lookup_with(addr, |r| (r.start(), r.end(), r.page_size))
+            .ok_or(AddrError::Foreign { addr })
+    }
+
+    /// Switches the region table's lookup cache (for experiments; lookups in
+    /// flight finish with the old scheme, which is equally correct).
+    pub fn set_lookup_cache(&self, cache: crate::region::table::LookupCache) {
+        self.core().table.set_cache(cache);
+    }
+
+    /// The fault addresses recorded so far (with `Config::trace_faults`).
+    pub fn fault_trace(&self) -> Vec<usize> {
+        self.core().trace.lock().clone()
     }
 
     /// The userfaultfd features in use.

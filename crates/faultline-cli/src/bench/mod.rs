@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod clear_order;
 pub mod fault;
+pub mod lookup;
 pub mod parallel_fault;
 
 use faultline::Config;

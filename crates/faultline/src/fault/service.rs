@@ -157,6 +157,12 @@ pub(crate) fn handle(
             what: "a fault worker faulted on a managed region",
         });
     }
+    if core.config.trace_faults > 0 {
+        let mut t = core.trace.lock();
+        if t.len() < core.config.trace_faults {
+            t.push(addr);
+        }
+    }
     let t0 = Instant::now();
     let Some(region) = core.table.lookup(addr) else {
         Stats::bump(&core.stats.stray);

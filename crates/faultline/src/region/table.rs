@@ -20,8 +20,11 @@
 //!   validated against the snapshot).
 //! - `SharedLargest`: that, plus the largest region, checked second.
 //! - `Hash4`: four shared entries indexed by address bits 21..23.
-//! - `PerThread`: each thread's last 4 hits (like Linux's vmacache), in a
-//!   thread-local cache tagged with the table's id and the snapshot's `seq`.
+//! - `PerThread`: each thread's last 4 hits (like Linux's vmacache).
+//!
+//! Every scheme reads the snapshot through a thread-local reference to it,
+//! revalidated by one load of `seq` per lookup (RCU's read side), so a cache
+//! hit touches no shared cache line except `seq`, which only writers change.
 //!
 //! Counters of hits, misses and search depth are per thread (no shared cache
 //! line on the lookup path); [`thread_counters`] reads the calling thread's.
@@ -30,7 +33,7 @@ use super::RegionInner;
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -97,41 +100,56 @@ pub struct LookupCounters {
 }
 
 thread_local! {
-    static COUNTERS: Cell<LookupCounters> = const { Cell::new(LookupCounters { hits: 0, misses: 0, depth: 0 }) };
-    static PER_THREAD: RefCell<ThreadCache> = const { RefCell::new(ThreadCache { table: 0, seq: 0, next: 0, entries: [(0, 0, 0); 4] }) };
+    static PER_THREAD: RefCell<ThreadCache> = const {
+        RefCell::new(ThreadCache {
+            table: 0,
+            snap: None,
+            next: 0,
+            entries: [(0, 0, 0); 4],
+            counters: LookupCounters { hits: 0, misses: 0, depth: 0 },
+        })
+    };
 }
 
 /// The calling thread's lookup counters.
 pub fn thread_counters() -> LookupCounters {
-    COUNTERS.with(Cell::get)
+    PER_THREAD.with(|c| c.try_borrow().map(|c| c.counters).unwrap_or_default())
 }
 
 /// Resets the calling thread's lookup counters.
 pub fn reset_thread_counters() {
-    COUNTERS.with(|c| c.set(LookupCounters::default()));
-}
-
-fn count(hit: bool, depth: u32) {
-    COUNTERS.with(|c| {
-        let mut v = c.get();
-        if hit {
-            v.hits += 1;
-        } else {
-            v.misses += 1;
-            v.depth += u64::from(depth);
+    PER_THREAD.with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            c.counters = LookupCounters::default();
         }
-        c.set(v);
     });
 }
 
-/// A thread's last hits: `(start, end, index)` into the snapshot published
-/// under `seq` of table `table`. Indices, not `Arc`s, so a cache never keeps
-/// a removed region (and its address range) alive.
+impl LookupCounters {
+    #[inline]
+    fn count(&mut self, hit: bool, depth: u32) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+            self.depth += u64::from(depth);
+        }
+    }
+}
+
+/// A thread's read side of one table: the snapshot it last used (RCU-style:
+/// valid while the table's `seq` equals `snap.seq`), and for the per-thread
+/// scheme its last hits as `(start, end, index into snap)`.
+///
+/// Holding the snapshot here keeps the regions it lists alive until this
+/// thread's next lookup after a change (or its exit): a removed region's
+/// address range is unmapped a little later, never too early.
 struct ThreadCache {
     table: u64,
-    seq: u64,
+    snap: Option<Arc<Snapshot>>,
     next: usize,
     entries: [(usize, usize, usize); 4],
+    counters: LookupCounters,
 }
 
 /// One published state of the table.
@@ -227,72 +245,83 @@ impl RegionTable {
     }
 
     /// Runs `f` on the region holding `addr`, if any: the one lookup
-    /// function every address-taking path goes through.
+    /// function every address-taking path goes through. `f` must not look
+    /// up in a region table itself (it would take the slow path).
     #[inline]
     pub fn lookup_with<R>(&self, addr: usize, f: impl FnOnce(&Arc<RegionInner>) -> R) -> Option<R> {
-        match self.cache() {
-            LookupCache::PerThread => self.lookup_per_thread(addr, f),
-            scheme => {
-                let snap = self.snap.load();
-                let slot = match scheme {
-                    LookupCache::Shared | LookupCache::SharedLargest => Some(&*self.shared),
-                    LookupCache::Hash4 => Some(&self.hash4[(addr >> 21) & 3]),
-                    _ => None,
-                };
-                if let Some(slot) = slot {
-                    if let Some(i) = unpack(snap.seq, slot.load(Ordering::Relaxed)) {
-                        if snap.holds(i, addr) {
-                            count(true, 0);
-                            return Some(f(&snap.regions[i]));
-                        }
-                    }
+        // SeqCst pairs with the SeqCst store in `publish`, which follows the
+        // new snapshot's store: seeing the new seq means seeing that snapshot.
+        let seq = self.seq.load(Ordering::SeqCst);
+        PER_THREAD.with(|c| match c.try_borrow_mut() {
+            Ok(mut c) => {
+                let c = &mut *c;
+                if c.table != self.id || c.snap.as_ref().map(|s| s.seq) != Some(seq) {
+                    c.table = self.id;
+                    c.snap = Some(self.snap.load_full());
+                    c.next = 0;
+                    c.entries = [(0, 0, 0); 4];
                 }
-                if scheme == LookupCache::SharedLargest {
-                    if let Some(i) = snap.largest.filter(|&i| snap.holds(i, addr)) {
-                        count(true, 0);
-                        return Some(f(&snap.regions[i]));
-                    }
-                }
-                let (found, depth) = snap.search(addr);
-                count(false, depth);
-                let i = found?;
-                if let Some(slot) = slot {
-                    slot.store(pack(snap.seq, i), Ordering::Relaxed);
-                }
-                Some(f(&snap.regions[i]))
+                let snap = c.snap.as_ref()?;
+                self.lookup_in(snap, addr, &mut c.entries, &mut c.next, &mut c.counters, f)
             }
-        }
+            // Re-entered from `f`: search a fresh snapshot, no cache.
+            Err(_) => {
+                let snap = self.snap.load_full();
+                let (found, _) = snap.search(addr);
+                found.map(|i| f(&snap.regions[i]))
+            }
+        })
     }
 
-    fn lookup_per_thread<R>(
+    #[inline]
+    fn lookup_in<R>(
         &self,
+        snap: &Snapshot,
         addr: usize,
+        entries: &mut [(usize, usize, usize); 4],
+        next: &mut usize,
+        counters: &mut LookupCounters,
         f: impl FnOnce(&Arc<RegionInner>) -> R,
     ) -> Option<R> {
-        let snap = self.snap.load();
-        PER_THREAD.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.table != self.id || c.seq != snap.seq {
-                *c = ThreadCache {
-                    table: self.id,
-                    seq: snap.seq,
-                    next: 0,
-                    entries: [(0, 0, 0); 4],
-                };
-            }
-            if let Some(&(_, _, i)) = c.entries.iter().find(|&&(s, e, _)| addr >= s && addr < e) {
-                count(true, 0);
+        let scheme = self.cache();
+        if scheme == LookupCache::PerThread {
+            if let Some(&(_, _, i)) = entries.iter().find(|&&(s, e, _)| addr >= s && addr < e) {
+                counters.count(true, 0);
                 return Some(f(&snap.regions[i]));
             }
-            let (found, depth) = snap.search(addr);
-            count(false, depth);
-            let i = found?;
-            let r = &snap.regions[i];
-            let slot = c.next;
-            c.entries[slot] = (r.start(), r.end(), i);
-            c.next = (slot + 1) % 4;
-            Some(f(r))
-        })
+        }
+        let slot = match scheme {
+            LookupCache::Shared | LookupCache::SharedLargest => Some(&*self.shared),
+            LookupCache::Hash4 => Some(&self.hash4[(addr >> 21) & 3]),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            if let Some(i) = unpack(snap.seq, slot.load(Ordering::Relaxed)) {
+                if snap.holds(i, addr) {
+                    counters.count(true, 0);
+                    return Some(f(&snap.regions[i]));
+                }
+            }
+        }
+        if scheme == LookupCache::SharedLargest {
+            if let Some(i) = snap.largest.filter(|&i| snap.holds(i, addr)) {
+                counters.count(true, 0);
+                return Some(f(&snap.regions[i]));
+            }
+        }
+        let (found, depth) = snap.search(addr);
+        counters.count(false, depth);
+        let i = found?;
+        match slot {
+            Some(slot) => slot.store(pack(snap.seq, i), Ordering::Relaxed),
+            None if scheme == LookupCache::PerThread => {
+                let r = &snap.regions[i];
+                entries[*next] = (r.start(), r.end(), i);
+                *next = (*next + 1) % 4;
+            }
+            None => {}
+        }
+        Some(f(&snap.regions[i]))
     }
 
     fn publish(&self, regions: Vec<Arc<RegionInner>>) {
