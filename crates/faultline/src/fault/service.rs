@@ -182,7 +182,7 @@ pub(crate) fn handle(
     }
     let res = {
         let _guard = core.locks.lock(domain, key);
-        resolve(core, &region, page, addr)
+        resolve(core, &region, page, addr, 0)
     };
     match res {
         Resolution::Moved => Stats::bump(&core.stats.moves),
@@ -210,7 +210,15 @@ fn wake(core: &Core, region: &RegionInner, page: usize) {
 }
 
 /// Resolves a fault on `page` of `region`. Caller holds the page's lock.
-fn resolve(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) -> Resolution {
+/// `attempt` > 0 after a move that kept failing with `EAGAIN`/`EBUSY`: then
+/// without fault-around and with another frame.
+fn resolve(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    attempt: u32,
+) -> Resolution {
     let addr = region.page_addr(page);
     if region.dying() {
         wake(core, region, page);
@@ -250,7 +258,8 @@ fn resolve(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) ->
     let plentiful = core.alloc.free_hint() > core.pool.pages() / 4;
     let (first, count) = match region.fault_around_window(page) {
         Some(w)
-            if plentiful
+            if attempt == 0
+                && plentiful
                 && region.store.is_zero()
                 && w.clone().all(|p| region.state(p) == PageState::Absent) =>
         {
@@ -354,6 +363,19 @@ fn resolve(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) ->
             });
             wake(core, region, page);
             Resolution::AlreadyMapped
+        }
+        Err(MoveFailure::Sys(e))
+            if attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) =>
+        {
+            // The kernel kept refusing this frame (seen once in an hour of
+            // stress: EAGAIN on a fault-around run for 50 ms). Try again with
+            // the faulting page alone and another frame before giving up;
+            // keep this frame out of the allocator until then, so the retry
+            // cannot get it back.
+            Stats::bump(&core.stats.move_retries);
+            let res = resolve(core, region, page, fault_addr, attempt + 1);
+            core.alloc.free(frame);
+            res
         }
         Err(MoveFailure::Sys(e)) => {
             core.alloc.free(frame);
