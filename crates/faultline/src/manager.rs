@@ -22,7 +22,7 @@ use crate::fault::{service, FaultError, FaultLocks};
 use crate::frame::{AllocConfig, Frame, FrameAlloc, FrameAllocator, Pool, PoolError};
 use crate::region::{PageState, RegionInner, RegionTable};
 use crate::stats::{Stats, StatsSnapshot};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use faultline_sys::mem::{Advice, Mapping};
 use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Resolved, Uffd};
 use faultline_sys::SysError;
@@ -564,9 +564,52 @@ impl Region {
             .take_error(|e| e.addr().is_some_and(|a| r.contains(a)))
     }
 
+    /// Writes every resident page back to the region's store, then makes the
+    /// store durable (`fsync` for a file). Regions whose store is not
+    /// writable (zero-filled, read-only files) have nothing to write.
+    ///
+    /// Every resident page is written: dirty tracking (write-protect with
+    /// `WP_ASYNC`) belongs to the reclaim work. Pages are read from the
+    /// calling thread, which must not race writes to them with the flush if
+    /// it wants those writes included.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let r = &self.inner;
+        if !r.store.writable() {
+            return Ok(());
+        }
+        self.write_back()?;
+        r.store.flush()
+    }
+
+    fn write_back(&self) -> Result<(), StoreError> {
+        let r = &self.inner;
+        let ps = r.page_size.bytes();
+        for page in 0..r.pages() {
+            if !matches!(r.state(page), PageState::Resident(_)) {
+                continue;
+            }
+            // SAFETY: the page is resident (mapped), inside our mapping, and
+            // only read here; no fault lock is held, so even a page the
+            // application dropped behind our back just faults in normally.
+            let bytes = unsafe { std::slice::from_raw_parts(r.page_addr(page) as *const u8, ps) };
+            r.store.write(page as u64, bytes)?;
+        }
+        Ok(())
+    }
+
     fn teardown(&self) {
         let core = &self.service.core;
         let r = &self.inner;
+        // Write back before the frames go: a region's data outlives it in its
+        // store. An error cannot be returned from drop; it is queued.
+        if r.store.writable() {
+            if let Err(e) = self.write_back().and_then(|()| r.store.flush()) {
+                core.record(FaultError::Store {
+                    addr: r.start(),
+                    source: e,
+                });
+            }
+        }
         core.table.remove(r.id);
         r.set_dying();
         if let Err(e) = core.uffd.unregister(r.start(), r.map.len()) {

@@ -57,6 +57,12 @@ pub trait Store: Send + Sync + Debug {
         false
     }
 
+    /// Whether pages are written back (false for [`Zero`] and read-only
+    /// files: their regions never write).
+    fn writable(&self) -> bool {
+        true
+    }
+
     /// Fills `buf` (exactly one page) with page `page`.
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
@@ -66,12 +72,131 @@ pub trait Store: Send + Sync + Debug {
     /// Makes every completed `write` durable.
     fn flush(&self) -> Result<(), StoreError>;
 
-    /// The backing object this store reads, and the object page that the
-    /// region's page 0 is: `(object id, first page)`. Regions whose stores
-    /// name the same object serialize faults on the same object page under one
+    /// The backing object this store reads, and the byte offset in it of the
+    /// region's first byte: `(object id, offset)`. Regions whose stores name
+    /// the same object serialize faults on the same object page under one
     /// fault lock. `None` (the default): the region is its own object.
     fn identity(&self) -> Option<(u64, u64)> {
         None
+    }
+}
+
+/// A region backed by `[offset, offset + region length)` of a file.
+///
+/// Page `p` of a region with page size `ps` is the file's bytes
+/// `[offset + p * ps, offset + (p + 1) * ps)`. Reads past the end of the file
+/// return zeros (a file shorter than its region reads as if zero-padded).
+/// A write there extends the file to the end of that page: `pwrite` past the
+/// end grows the file, and the gap before it, if any, reads as zeros.
+/// `flush` is `fsync`: durable when it returns. A read-only store refuses
+/// writes, so a read-only region never changes its file.
+#[derive(Debug)]
+pub struct File {
+    file: std::fs::File,
+    offset: u64,
+    writable: bool,
+    identity: u64,
+}
+
+impl File {
+    /// Opens `path` for a region mapping `[offset, ...)` of it; `writable`
+    /// opens it read-write (write-back allowed), otherwise read-only.
+    pub fn open(
+        path: impl AsRef<std::path::Path>,
+        offset: u64,
+        writable: bool,
+    ) -> std::io::Result<File> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)?;
+        Ok(Self::from_file(file, offset, writable))
+    }
+
+    /// Wraps an open file (which must be readable, and writable if
+    /// `writable`).
+    pub fn from_file(file: std::fs::File, offset: u64, writable: bool) -> File {
+        use std::os::unix::fs::MetadataExt;
+        // The object's identity: device and inode, mixed into one word.
+        let identity = file
+            .metadata()
+            .map(|m| m.dev().rotate_left(32) ^ m.ino().wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .unwrap_or(0);
+        File {
+            file,
+            offset,
+            writable,
+            identity,
+        }
+    }
+
+    fn at(&self, page: u64, len: usize) -> u64 {
+        self.offset + page * len as u64
+    }
+}
+
+impl Store for File {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        use std::os::unix::fs::FileExt;
+        let at = self.at(page, buf.len());
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], at + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(StoreError::Io {
+                        op: "read",
+                        page,
+                        source,
+                    })
+                }
+            }
+        }
+        // Past the end of the file: zeros.
+        crate::fill::clear_rep_stosb(&mut buf[done..]);
+        Ok(())
+    }
+
+    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        use std::os::unix::fs::FileExt;
+        if !self.writable {
+            return Err(StoreError::Unsupported {
+                store: "read-only file",
+                op: "write",
+            });
+        }
+        self.file
+            .write_all_at(buf, self.at(page, buf.len()))
+            .map_err(|source| StoreError::Io {
+                op: "write",
+                page,
+                source,
+            })
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.file.sync_all().map_err(|source| StoreError::Io {
+            op: "flush",
+            page: 0,
+            source,
+        })
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        Some((self.identity, self.offset))
     }
 }
 
@@ -94,6 +219,10 @@ impl<S: Store> Delayed<S> {
 impl<S: Store> Store for Delayed<S> {
     fn name(&self) -> &'static str {
         "delayed"
+    }
+
+    fn writable(&self) -> bool {
+        self.inner.writable()
     }
 
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
@@ -129,6 +258,10 @@ impl Store for Zero {
         true
     }
 
+    fn writable(&self) -> bool {
+        false
+    }
+
     fn read(&self, _page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         crate::fill::clear(buf);
         Ok(())
@@ -149,6 +282,30 @@ impl Store for Zero {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_reads_zeros_past_the_end_and_writes_back() {
+        let dir = std::env::temp_dir().join(format!("faultline-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        std::fs::write(&path, vec![7u8; 4096 + 100]).expect("write");
+        let f = File::open(&path, 0, true).expect("open");
+        let mut buf = vec![1u8; 4096];
+        f.read(1, &mut buf).expect("read");
+        assert!(buf[..100].iter().all(|&b| b == 7));
+        assert!(buf[100..].iter().all(|&b| b == 0), "zeros past the end");
+        f.write(2, &[9u8; 4096]).expect("write past the end");
+        f.flush().expect("fsync");
+        let bytes = std::fs::read(&path).expect("read back");
+        assert_eq!(bytes.len(), 3 * 4096, "the write extended the file");
+        assert!(bytes[4096 + 100..2 * 4096].iter().all(|&b| b == 0));
+        assert!(bytes[2 * 4096..].iter().all(|&b| b == 9));
+        let ro = File::open(&path, 4096, false).expect("open ro");
+        assert!(ro.write(0, &buf).is_err());
+        let (id_rw, _) = f.identity().expect("id");
+        assert_eq!(ro.identity(), Some((id_rw, 4096)), "same file, same object");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn delayed_sleeps_and_is_not_zero() {

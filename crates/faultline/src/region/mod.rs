@@ -114,7 +114,9 @@ impl RegionInner {
     /// page's fault-around window.
     pub fn lock_key(&self, page: usize) -> (u64, u64) {
         match self.store.identity() {
-            Some((object, first)) => (object, first + page as u64),
+            Some((object, offset)) => {
+                (object, offset / self.page_size.bytes() as u64 + page as u64)
+            }
             None => (self.id, (page >> self.window_shift) as u64),
         }
     }
