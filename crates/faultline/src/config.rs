@@ -113,6 +113,15 @@ pub struct Config {
     /// The lookup cache in front of the region table (seed 002). Default
     /// `PerThread` (`faultline bench lookup`).
     pub lookup_cache: crate::region::table::LookupCache,
+    /// Reclaim pages of store-backed regions under the budget (CLOCK with
+    /// soft-unmap): synchronously when a fault finds no free frame, and in
+    /// the background below `reclaim_low_pct` of the pool free, up to
+    /// `reclaim_high_pct`. Default on, 5% / 10%.
+    pub reclaim: bool,
+    /// Background reclaim starts below this share of the pool free (%).
+    pub reclaim_low_pct: usize,
+    /// Background reclaim stops at this share of the pool free (%).
+    pub reclaim_high_pct: usize,
     /// Record the addresses of up to this many faults (0: off), for replay by
     /// `faultline bench lookup` ([`crate::Manager::fault_trace`]).
     pub trace_faults: usize,
@@ -141,6 +150,9 @@ impl Default for Config {
             prezero_reserve: 8,
             lookup_cache: crate::region::table::LookupCache::PerThread,
             trace_faults: 0,
+            reclaim: true,
+            reclaim_low_pct: 5,
+            reclaim_high_pct: 10,
             spin_us: 0,
         }
     }

@@ -24,6 +24,7 @@ pub mod fault;
 pub mod fill;
 pub mod frame;
 pub mod manager;
+mod reclaim;
 pub mod region;
 pub mod stats;
 pub mod store;

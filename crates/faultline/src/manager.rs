@@ -132,6 +132,8 @@ pub(crate) struct Core {
     stopping: std::sync::atomic::AtomicBool,
     /// Fault addresses, when `config.trace_faults > 0`.
     pub(crate) trace: Mutex<Vec<usize>>,
+    /// The reclaim clock's hand.
+    pub(crate) hand: Mutex<crate::reclaim::Hand>,
 }
 
 impl Core {
@@ -145,18 +147,61 @@ impl Core {
     }
 
     /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
-    /// reserve back to the allocator (its frames stay marked zero) and tries
-    /// once more.
-    pub(crate) fn alloc_or_reclaim_reserve(&self, order: u8) -> Option<Frame> {
+    /// reserve back to the allocator (its frames stay marked zero), then
+    /// reclaims synchronously, trying again after each step. `held` is the
+    /// index of the fault lock the caller holds, if any.
+    pub(crate) fn alloc_or_reclaim_reserve(&self, order: u8, held: Option<usize>) -> Option<Frame> {
         if let Some(f) = self.alloc.alloc(order) {
             return Some(f);
         }
         let mut back: Vec<Frame> = std::mem::take(&mut *self.reserve.lock());
-        if back.is_empty() {
+        if !back.is_empty() {
+            self.alloc.free_bulk(&mut back);
+            if let Some(f) = self.alloc.alloc(order) {
+                return Some(f);
+            }
+        }
+        if !self.config.reclaim {
             return None;
         }
-        self.alloc.free_bulk(&mut back);
+        // Each pass parks what it passes and evicts what it parked on the
+        // previous one, so a few passes free memory even when every page is
+        // resident.
+        let want = (1usize << order).max(self.config.pcp_batch);
+        for _ in 0..4 {
+            let freed = crate::reclaim::reclaim(self, want, held, || false);
+            if let Some(f) = self.alloc.alloc(order) {
+                return Some(f);
+            }
+            if freed == 0 && self.table.regions().iter().all(|r| r.store.is_zero()) {
+                return None;
+            }
+        }
         self.alloc.alloc(order)
+    }
+
+    /// The background reclaimer: wakes every 10 ms and, when free memory is
+    /// below the low watermark, reclaims up to the high one.
+    fn run_reclaimer(&self) {
+        let pages = self.pool.pages();
+        let low = pages * self.config.reclaim_low_pct / 100;
+        let high = pages * self.config.reclaim_high_pct / 100;
+        loop {
+            {
+                let mut r = self.reserve.lock();
+                if !self.stopping.load(Ordering::Acquire) {
+                    self.reserve_cv
+                        .wait_for(&mut r, std::time::Duration::from_millis(10));
+                }
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let free = self.alloc.free_hint();
+            if free < low {
+                crate::reclaim::reclaim(self, high - free, None, || self.alloc.free_hint() >= high);
+            }
+        }
     }
 
     /// The zeroing worker: keeps `prezero_reserve` zeroed 2 MiB frames ready,
@@ -316,6 +361,7 @@ impl ManagerBuilder {
             reserve_cv: parking_lot::Condvar::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             trace: Mutex::new(Vec::new()),
+            hand: Mutex::new(crate::reclaim::Hand::default()),
             config,
             uffd,
             pool,
@@ -333,6 +379,14 @@ impl ManagerBuilder {
             let h = std::thread::Builder::new()
                 .name(format!("faultline-w{i}"))
                 .spawn(move || service::run_worker(c, i, fd))
+                .map_err(BuildError::Thread)?;
+            service.workers.push(h);
+        }
+        if core.config.reclaim {
+            let c = Arc::clone(&core);
+            let h = std::thread::Builder::new()
+                .name("faultline-reclaim".into())
+                .spawn(move || c.run_reclaimer())
                 .map_err(BuildError::Thread)?;
             service.workers.push(h);
         }
@@ -583,16 +637,48 @@ impl Region {
 
     fn write_back(&self) -> Result<(), StoreError> {
         let r = &self.inner;
+        let core = &self.service.core;
         let ps = r.page_size.bytes();
         for page in 0..r.pages() {
-            if !matches!(r.state(page), PageState::Resident(_)) {
-                continue;
+            match r.state(page) {
+                PageState::Absent | PageState::Poisoned => continue,
+                PageState::Resident(_) => {
+                    // Read through the mapping, holding no lock: if reclaim
+                    // parks or evicts the page meanwhile, the read faults and
+                    // is served like any other.
+                    // SAFETY: inside our mapping, only read; the region lives
+                    // (we hold it).
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts(r.page_addr(page) as *const u8, ps) };
+                    r.store.write(page as u64, bytes)?;
+                }
+                PageState::Parked(_) => {
+                    let (domain, key) = r.lock_key(page);
+                    let _g = core.locks.lock(domain, key);
+                    match r.state(page) {
+                        PageState::Parked(f) => {
+                            let mut frame = Frame::from_parts(f, r.page_size.order());
+                            // SAFETY: a parked frame belongs to its page, whose
+                            // lock we hold; it is populated and nobody else
+                            // touches it.
+                            let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+                            r.store.write(page as u64, bytes)?;
+                        }
+                        // Unparked or evicted since: evicted is written; a
+                        // resident page is read after the lock is dropped.
+                        PageState::Resident(_) => {
+                            drop(_g);
+                            // SAFETY: as for a resident page above.
+                            let bytes = unsafe {
+                                std::slice::from_raw_parts(r.page_addr(page) as *const u8, ps)
+                            };
+                            r.store.write(page as u64, bytes)?;
+                        }
+                        PageState::Absent | PageState::Poisoned => {}
+                    }
+                }
             }
-            // SAFETY: the page is resident (mapped), inside our mapping, and
-            // only read here; no fault lock is held, so even a page the
-            // application dropped behind our back just faults in normally.
-            let bytes = unsafe { std::slice::from_raw_parts(r.page_addr(page) as *const u8, ps) };
-            r.store.write(page as u64, bytes)?;
+            Stats::bump(&core.stats.written_back);
         }
         Ok(())
     }
@@ -628,7 +714,7 @@ impl Region {
             next = w.end;
             if !w
                 .clone()
-                .any(|p| matches!(r.state(p), PageState::Resident(_)))
+                .any(|p| matches!(r.state(p), PageState::Resident(_) | PageState::Parked(_)))
             {
                 continue;
             }
@@ -638,9 +724,21 @@ impl Region {
             // fault-around run) go back with one UFFDIO_MOVE.
             let mut p = w.start;
             while p < w.end {
-                let PageState::Resident(f) = r.state(p) else {
-                    p += 1;
-                    continue;
+                let f = match r.state(p) {
+                    PageState::Resident(f) => f,
+                    PageState::Parked(f) => {
+                        // Its data is in its frame, in its slot: just free it.
+                        let frame = Frame::from_parts(f, order);
+                        core.pool.set_zeroed(&frame, false);
+                        r.set_state(p, PageState::Absent);
+                        freed.push(frame);
+                        p += 1;
+                        continue;
+                    }
+                    PageState::Absent | PageState::Poisoned => {
+                        p += 1;
+                        continue;
+                    }
                 };
                 let mut n = 1;
                 while p + n < w.end

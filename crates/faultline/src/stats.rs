@@ -38,6 +38,10 @@ pub struct Stats {
     pub(crate) unmapped_pages: AtomicU64,
     pub(crate) deferrals: AtomicU64,
     pub(crate) prezeroed_made: AtomicU64,
+    pub(crate) unparked: AtomicU64,
+    pub(crate) parked: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) written_back: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
 
@@ -70,6 +74,10 @@ impl Stats {
             unmapped_pages: AtomicU64::new(0),
             deferrals: AtomicU64::new(0),
             prezeroed_made: AtomicU64::new(0),
+            unparked: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            written_back: AtomicU64::new(0),
             hist: (0..workers.max(1))
                 .map(|_| CachePadded::new(Mutex::new(new_hist())))
                 .collect(),
@@ -114,6 +122,10 @@ impl Stats {
             fault_around_pages: r(&self.fault_around_pages),
             unmapped_pages: r(&self.unmapped_pages),
             deferrals: r(&self.deferrals),
+            written_back: r(&self.written_back),
+            evicted: r(&self.evicted),
+            parked: r(&self.parked),
+            unparked: r(&self.unparked),
             prezeroed_made: r(&self.prezeroed_made),
             locks: LockStat::default(),
             frames_prezeroed: 0,
@@ -196,6 +208,14 @@ pub struct StatsSnapshot {
     pub unmapped_pages: u64,
     /// Batches a worker handed to the others before it blocked.
     pub deferrals: u64,
+    /// Pages written back to their store (reclaim, flush, unmap).
+    pub written_back: u64,
+    /// Pages reclaim evicted (frame freed).
+    pub evicted: u64,
+    /// Pages reclaim soft-unmapped (parked).
+    pub parked: u64,
+    /// Touches of parked pages (minor faults: the frame moved back).
+    pub unparked: u64,
     /// 2 MiB frames the zeroing worker put in the reserve.
     pub prezeroed_made: u64,
     /// Fault lock statistics (lockstat), summed over the table.
@@ -248,6 +268,11 @@ impl fmt::Display for StatsSnapshot {
             self.frames_prezeroed,
             self.frames_total,
             (self.frames_total * 4096) >> 20
+        )?;
+        writeln!(
+            f,
+            "reclaim     parked {}, evicted {}, unparked {}, written back {}",
+            self.parked, self.evicted, self.unparked, self.written_back
         )?;
         writeln!(
             f,

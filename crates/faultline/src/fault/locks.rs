@@ -112,6 +112,13 @@ impl FaultLocks {
         g
     }
 
+    /// Takes the lock of `(domain, page)` if it is free right now.
+    pub fn try_lock(&self, domain: u64, page: u64) -> Option<FaultGuard<'_>> {
+        let mut g = self.locks[self.index(domain, page)].try_lock()?;
+        g.acquisitions += 1;
+        Some(g)
+    }
+
     /// The counters of every lock, summed.
     pub fn stat(&self) -> LockStat {
         self.locks.iter().fold(LockStat::default(), |acc, l| {

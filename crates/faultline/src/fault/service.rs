@@ -230,6 +230,7 @@ fn resolve(
             wake(core, region, page);
             return Resolution::AlreadyMapped;
         }
+        PageState::Parked(f) => return unpark(core, region, page, f),
         PageState::Resident(old) => {
             // Usually a second thread's fault on a page the first one's fault
             // already mapped. But the application may have dropped the page
@@ -275,11 +276,15 @@ fn resolve(
     } else {
         None
     };
-    let (first, count, mut frame) = match prezeroed.or_else(|| core.alloc_or_reclaim_reserve(order))
+    // The fault lock this worker holds: reclaim may step pages under it.
+    let (domain, key) = region.lock_key(page);
+    let held = Some(core.locks.index(domain, key));
+    let (first, count, mut frame) = match prezeroed
+        .or_else(|| core.alloc_or_reclaim_reserve(order, held))
     {
         Some(f) => (first, count, f),
         // No free run that long: the faulting page alone.
-        None if count > 1 => match core.alloc_or_reclaim_reserve(region.page_size.order()) {
+        None if count > 1 => match core.alloc_or_reclaim_reserve(region.page_size.order(), held) {
             Some(f) => (page, 1, f),
             None => return no_frame(core, region, page),
         },
@@ -515,6 +520,45 @@ fn move_frame_inner(
         len,
         errno: libc::EAGAIN,
     }))
+}
+
+/// A touch of a page reclaim parked: move its frame back from the pool slot
+/// (a minor fault; the page is referenced again).
+fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution {
+    let addr = region.page_addr(page);
+    let len = region.page_size.bytes();
+    let frame = Frame::from_parts(f, region.page_size.order());
+    if region.page_size == PageSize::Huge2M {
+        // As for a fresh 2 MiB page: drop the empty page table the fault left.
+        // SAFETY: the page is parked (not mapped) under its lock.
+        if unsafe { region.map.discard(addr, len) }.is_ok() {
+            Stats::bump(&core.stats.pt_discards);
+        }
+    }
+    region.set_state(page, PageState::Resident(f));
+    match move_frame(core, region, addr, core.pool.addr_of(&frame), len) {
+        Ok(()) => {
+            Stats::bump(&core.stats.unparked);
+            Resolution::Moved
+        }
+        Err(e) => {
+            // The data stays safe in its frame; the thread refaults and the
+            // next attempt tries again.
+            region.set_state(page, PageState::Parked(f));
+            let source = match e {
+                MoveFailure::Sys(e) => e,
+                MoveFailure::Exists => SysError {
+                    op: "UFFDIO_MOVE",
+                    addr,
+                    len,
+                    errno: libc::EEXIST,
+                },
+            };
+            core.record(FaultError::Move { addr, source });
+            wake(core, region, page);
+            Resolution::AlreadyMapped
+        }
+    }
 }
 
 fn no_frame(core: &Core, region: &RegionInner, page: usize) -> Resolution {

@@ -8,8 +8,9 @@
 //! exclusive to this process, which `UFFDIO_MOVE` requires).
 //!
 //! Per-page state, one `AtomicU32` per page:
-//! `0 = absent`, `POISONED = poisoned`, otherwise `frame index + 1`
-//! (resident, backed by that pool frame). Invariant: a page's state changes
+//! `0 = absent`, `POISONED = poisoned`, otherwise `frame index + 1`, with
+//! bit 31 set while the page is *parked* (soft-unmapped by reclaim: its data
+//! sits in its frame's pool slot, and a touch faults it back cheaply). Invariant: a page's state changes
 //! only under its fault lock (see [`crate::fault::locks`]). It is set to
 //! resident *before* the move that wakes the faulting threads, and stored with
 //! Release; readers without the lock (the API, teardown's scan) load with
@@ -32,6 +33,7 @@ use std::sync::Arc;
 pub use table::RegionTable;
 
 const POISONED: u32 = u32::MAX;
+const PARKED: u32 = 1 << 31;
 
 /// State of one page of a region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +44,9 @@ pub enum PageState {
     Resident(u32),
     /// Poisoned after an unservable fault: touches raise SIGBUS.
     Poisoned,
+    /// Soft-unmapped by reclaim: the data is in this frame, in its pool slot;
+    /// a touch moves it back (a minor fault) and marks it referenced.
+    Parked(u32),
 }
 
 /// The shared part of a region: what the fault path needs.
@@ -139,6 +144,7 @@ impl RegionInner {
         match self.pages[page].load(Ordering::Acquire) {
             0 => PageState::Absent,
             POISONED => PageState::Poisoned,
+            f if f & PARKED != 0 => PageState::Parked((f & !PARKED) - 1),
             f => PageState::Resident(f - 1),
         }
     }
@@ -149,6 +155,7 @@ impl RegionInner {
             PageState::Absent => 0,
             PageState::Poisoned => POISONED,
             PageState::Resident(f) => f + 1,
+            PageState::Parked(f) => (f + 1) | PARKED,
         };
         self.pages[page].store(v, Ordering::Release);
     }
@@ -156,6 +163,17 @@ impl RegionInner {
     /// Number of resident pages (a racy count, exact when no fault is in
     /// flight).
     pub fn resident(&self) -> usize {
+        self.pages
+            .iter()
+            .filter(|p| {
+                let v = p.load(Ordering::Acquire);
+                v != 0 && v != POISONED && v & PARKED == 0
+            })
+            .count()
+    }
+
+    /// Pages holding a frame, mapped or parked (exact when nothing runs).
+    pub fn holding_frames(&self) -> usize {
         self.pages
             .iter()
             .filter(|p| !matches!(p.load(Ordering::Acquire), 0 | POISONED))

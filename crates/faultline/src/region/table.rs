@@ -357,6 +357,11 @@ impl RegionTable {
         removed
     }
 
+    /// The regions, sorted by start (a copy of the current snapshot's list).
+    pub fn regions(&self) -> Vec<Arc<RegionInner>> {
+        self.snap.load().regions.clone()
+    }
+
     /// Number of regions.
     pub fn len(&self) -> usize {
         self.snap.load().regions.len()

@@ -1,0 +1,175 @@
+//! Reclaim: CLOCK (second chance) over the pages of regions backed by a
+//! store, under the memory budget (the pool).
+//!
+//! Access information comes from the faults themselves: the clock hand
+//! *parks* a resident page — moves it out of the region back into its frame's
+//! pool slot (`UFFDIO_MOVE`, no copy, no write-back) — and a touch before the
+//! hand comes round again faults it back cheaply (`fault::service` unparks:
+//! one move). A page still parked when the hand returns was not referenced:
+//! it is *evicted* — written back if its store is writable, then its frame
+//! freed. A page's frame is freed only after its data is safe in the store;
+//! if the write fails the page stays parked and the error is queued.
+//!
+//! Regions of the zero store have no backing to write to and are never
+//! reclaimed (a swap store would change that). Pages of a read-only store
+//! are dropped without write-back: writes to such a region are not kept.
+//!
+//! Driven two ways: a fault that finds no free frame reclaims synchronously
+//! (`Core::alloc_or_reclaim`), and a background thread keeps free memory
+//! between the low and high watermarks of the config.
+//!
+//! Locks: each page is stepped under its fault lock, taken with `try_lock`
+//! (a held lock is skipped: its page is busy, and a worker that reclaims while
+//! holding its own page's lock must not wait on another) — except pages under
+//! the lock the reclaiming worker itself holds, which it may step as they are.
+//! The page being faulted is absent, so the worker never steps it. The hand's
+//! mutex is a leaf held only to read and store the hand.
+
+use crate::fault::FaultError;
+use crate::frame::Frame;
+use crate::manager::Core;
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use faultline_sys::uffd::Resolved;
+use faultline_sys::PAGE_SIZE;
+
+/// Where the clock hand stands: the start address of a region and a page.
+#[derive(Debug, Default)]
+pub(crate) struct Hand {
+    region_start: usize,
+    page: usize,
+}
+
+fn reclaimable(r: &RegionInner) -> bool {
+    !r.store.is_zero() && !r.dying()
+}
+
+/// Advances the clock until `want` 4 KiB pages' worth of frames were freed,
+/// `enough()` says stop, or two full turns passed. Returns pages freed.
+/// `held`: the index of a fault lock the caller already holds (a worker
+/// reclaiming for its own fault); pages under it are stepped without locking,
+/// since holding it already excludes everyone else from them.
+pub(crate) fn reclaim(
+    core: &Core,
+    want: usize,
+    held: Option<usize>,
+    enough: impl Fn() -> bool,
+) -> usize {
+    let regions = core.table.regions();
+    let total: usize = regions
+        .iter()
+        .filter(|r| reclaimable(r))
+        .map(|r| r.pages())
+        .sum();
+    if total == 0 {
+        return 0;
+    }
+    let (mut ri, mut page) = {
+        let h = core.hand.lock();
+        let ri = regions.partition_point(|r| r.start() < h.region_start);
+        let page = if regions.get(ri).is_some_and(|r| r.start() == h.region_start) {
+            h.page
+        } else {
+            0
+        };
+        (ri, page)
+    };
+    let mut freed = 0;
+    let mut steps = 0;
+    while freed < want && steps < 2 * total + regions.len() && !enough() {
+        if ri >= regions.len() {
+            ri = 0;
+            page = 0;
+        }
+        let r = &regions[ri];
+        if !reclaimable(r) || page >= r.pages() {
+            ri += 1;
+            page = 0;
+            steps += 1;
+            continue;
+        }
+        steps += 1;
+        let (domain, key) = r.lock_key(page);
+        if held == Some(core.locks.index(domain, key)) {
+            freed += step(core, r, page);
+        } else if let Some(_g) = core.locks.try_lock(domain, key) {
+            freed += step(core, r, page);
+        }
+        page += 1;
+    }
+    let mut h = core.hand.lock();
+    h.region_start = regions.get(ri).map_or(0, |r| r.start());
+    h.page = page;
+    freed
+}
+
+/// One page under the hand; the caller holds its fault lock. Returns pages
+/// freed.
+fn step(core: &Core, r: &RegionInner, page: usize) -> usize {
+    if r.dying() {
+        return 0;
+    }
+    let order = r.page_size.order();
+    let len = r.page_size.bytes();
+    match r.state(page) {
+        PageState::Resident(f) => {
+            let frame = Frame::from_parts(f, order);
+            let slot = core.pool.addr_of(&frame);
+            let addr = r.page_addr(page);
+            // SAFETY: the page is resident and its frame's slot is the hole it
+            // left; we hold the page's lock, so no fault resolves it meanwhile,
+            // and faultline holds no reference into either range.
+            let moved = unsafe { core.uffd.move_pages(slot, addr, len, true, false) };
+            let done = match moved {
+                Ok(Resolved::Done) => true,
+                // Trust the page tables over a failed ioctl (see
+                // `fault::service::move_frame`).
+                Ok(_) | Err(_) => {
+                    !r.map.is_resident(addr, PAGE_SIZE).unwrap_or(true)
+                        && core.pool.slot_present(slot)
+                }
+            };
+            if done {
+                r.set_state(page, PageState::Parked(f));
+                Stats::bump(&core.stats.parked);
+            } else if matches!(moved, Ok(Resolved::SourceHole { .. })) {
+                // The application dropped the page: the kernel freed our
+                // frame's page. Refill the slot and free the frame.
+                if let Err(e) = core.pool.repopulate(&frame) {
+                    core.record(FaultError::Move {
+                        addr: slot,
+                        source: e,
+                    });
+                }
+                core.pool.set_zeroed(&frame, false);
+                core.alloc.free(frame);
+                r.set_state(page, PageState::Absent);
+                return len / PAGE_SIZE;
+            }
+            0
+        }
+        PageState::Parked(f) => {
+            let mut frame = Frame::from_parts(f, order);
+            if r.store.writable() {
+                // SAFETY: a parked frame belongs to its page, whose lock we
+                // hold: nobody else reads or writes it, and it is populated.
+                let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+                if let Err(e) = r.store.write(page as u64, bytes) {
+                    // Keep the data: the page stays parked.
+                    core.record(FaultError::Store {
+                        addr: r.page_addr(page),
+                        source: e,
+                    });
+                    return 0;
+                }
+                Stats::bump(&core.stats.written_back);
+            }
+            core.pool.set_zeroed(&frame, false);
+            r.set_state(page, PageState::Absent);
+            core.alloc.free(frame);
+            Stats::bump(&core.stats.evicted);
+            len / PAGE_SIZE
+        }
+        PageState::Absent | PageState::Poisoned => 0,
+    }
+}

@@ -1,0 +1,173 @@
+//! Reclaim under a memory budget on real faults: a file several times the
+//! budget, read and written from 2 threads against a checksum oracle; data
+//! survives eviction, flush and a fresh manager; a budget of one frame still
+//! makes progress. Needs userfaultfd (root); fails with the reason otherwise.
+
+use faultline::store::File;
+use faultline::{Config, Manager, MapOptions, PageSize};
+use std::path::PathBuf;
+
+const MIB: usize = 1 << 20;
+
+fn manager(budget: usize) -> Manager {
+    let config = Config {
+        budget,
+        workers: 2,
+        fault_locks: 4,
+        ..Config::default()
+    };
+    Manager::builder()
+        .config(config)
+        .build()
+        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
+}
+
+fn scratch(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
+    let dir = std::env::temp_dir().join(format!("faultline-reclaim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join(name);
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(13) ^ (i >> 12) as u8)
+        .collect();
+    std::fs::write(&path, &data).expect("write file");
+    (path, data)
+}
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// The region matches the oracle byte for byte (checked by 8-byte words).
+fn check(region: &[u8], oracle: &[u8], what: &str) {
+    if region != oracle {
+        let i = region
+            .iter()
+            .zip(oracle)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        panic!(
+            "{what}: first difference at byte {i} (page {}): {} vs {}",
+            i / 4096,
+            region[i],
+            oracle[i]
+        );
+    }
+}
+
+fn out_of_core(size: PageSize, file_len: usize, budget: usize) {
+    let (path, mut oracle) = scratch(&format!("ooc-{}", size.name()), file_len);
+    let ps = size.bytes();
+    let pages = file_len / ps;
+    {
+        let mm = manager(budget);
+        let r = mm
+            .map(
+                file_len,
+                File::open(&path, 0, true).expect("open"),
+                MapOptions::new().page_size(size),
+            )
+            .expect("map");
+        // Phase 1: two threads, random reads and writes; thread t writes
+        // only pages p with p % 2 == t, and checks what it reads there.
+        let base = r.addr();
+        let writes: Vec<Vec<(usize, u8)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2usize)
+                .map(|t| {
+                    let oracle = &oracle;
+                    s.spawn(move || {
+                        let mut next = rng(t as u64 + 7);
+                        let mut mine: std::collections::HashMap<usize, u8> = Default::default();
+                        for _ in 0..pages * 3 {
+                            let p = (next() as usize % (pages / 2)) * 2 + t;
+                            let off = p * ps + next() as usize % ps;
+                            // SAFETY: inside the region, which outlives the scope.
+                            let v = unsafe { ((base + off) as *const u8).read_volatile() };
+                            let want = mine.get(&off).copied().unwrap_or(oracle[off]);
+                            assert_eq!(v, want, "thread {t}, byte {off}");
+                            if next() % 2 == 0 {
+                                let nv = (next() as u8) | 1;
+                                // SAFETY: as above; only thread t writes page p.
+                                unsafe { ((base + off) as *mut u8).write_volatile(nv) };
+                                mine.insert(off, nv);
+                            }
+                        }
+                        mine.into_iter().collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        for (off, v) in writes.into_iter().flatten() {
+            oracle[off] = v;
+        }
+        // Phase 2: one sequential pass over everything.
+        check(r.as_slice(), &oracle, "sequential pass");
+        let st = mm.stats();
+        assert!(
+            st.evicted > 0,
+            "a file {}x the budget was read without eviction: {st}",
+            file_len / budget
+        );
+        assert!(st.written_back > 0, "{st}");
+        assert_eq!(st.poisoned, 0, "{st}");
+        assert!(st.frames_total * 4096 == budget);
+        if let Some(e) = mm.take_error() {
+            panic!("fault error: {e}");
+        }
+        r.flush().expect("flush");
+    }
+    // Everything is on disk.
+    check(
+        &std::fs::read(&path).expect("read"),
+        &oracle,
+        "file after drop",
+    );
+    // And a fresh manager reads it back.
+    let mm = manager(budget);
+    let r = mm
+        .map(
+            file_len,
+            File::open(&path, 0, false).expect("open"),
+            MapOptions::new().page_size(size),
+        )
+        .expect("map");
+    check(r.as_slice(), &oracle, "fresh manager");
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn file_four_times_the_budget_4k() {
+    out_of_core(PageSize::Base4K, 64 * MIB, 16 * MIB);
+}
+
+#[test]
+fn file_four_times_the_budget_2m() {
+    out_of_core(PageSize::Huge2M, 64 * MIB, 16 * MIB);
+}
+
+#[test]
+fn budget_of_one_frame_makes_progress() {
+    for size in [PageSize::Base4K, PageSize::Huge2M] {
+        let (path, oracle) = scratch(&format!("one-{}", size.name()), 8 * MIB);
+        let mm = manager(2 * MIB);
+        let r = mm
+            .map(
+                8 * MIB,
+                File::open(&path, 0, true).expect("open"),
+                MapOptions::new().page_size(size),
+            )
+            .expect("map");
+        check(r.as_slice(), &oracle, "one frame");
+        let st = mm.stats();
+        assert_eq!(st.poisoned, 0, "{st}");
+        drop(r);
+        let _ = std::fs::remove_file(&path);
+    }
+}
