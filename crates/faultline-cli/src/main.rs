@@ -29,6 +29,9 @@ enum Cmd {
         #[command(subcommand)]
         which: Which,
     },
+    /// One side of `bench out-of-core`, run inside a memory cgroup.
+    #[command(hide = true)]
+    OocChild(bench::out_of_core::ChildArgs),
 }
 
 #[derive(Subcommand)]
@@ -43,6 +46,8 @@ enum Which {
     ClearOrder(bench::BenchOpts),
     /// Region lookup cost and hit rate per cache scheme on build, database and replayed traces.
     Lookup(bench::BenchOpts),
+    /// A file 4x the memory limit, random and sequential reads and writes: faultline vs kernel mmap.
+    OutOfCore(bench::BenchOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -55,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Demo(opts) => demo::run(&opts),
+        Cmd::OocChild(a) => bench::out_of_core::child(&a),
         Cmd::Bench { which } => {
             let (report, json) = match which {
                 Which::Fault(o) => (bench::fault::run(&o)?, o.json),
@@ -62,6 +68,7 @@ fn main() -> anyhow::Result<()> {
                 Which::ParallelFault(o) => (bench::parallel_fault::run(&o)?, o.json),
                 Which::ClearOrder(o) => (bench::clear_order::run(&o)?, o.json),
                 Which::Lookup(o) => (bench::lookup::run(&o)?, o.json),
+                Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.json),
             };
             report.print(json)
         }

@@ -83,6 +83,12 @@ pub fn current_cpu() -> usize {
     usize::try_from(cpu).unwrap_or(0)
 }
 
+/// Writes all dirty file data to disk (`sync(2)`).
+pub fn sync_all() {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+}
+
 /// The calling thread's kernel thread id.
 pub fn thread_id() -> u32 {
     // SAFETY: gettid has no preconditions.

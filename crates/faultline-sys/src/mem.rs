@@ -103,6 +103,33 @@ impl Mapping {
         Ok(Mapping { addr, len })
     }
 
+    /// Maps `len` bytes of `file` shared and read-write (`MAP_SHARED`): the
+    /// kernel's own file mapping, for baselines.
+    pub fn shared_file(file: &std::fs::File, len: usize) -> Result<Mapping, SysError> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh mapping (null hint) of an open fd; overlaps nothing.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(SysError::last("mmap(MAP_SHARED)", 0, len));
+        }
+        let addr = NonNull::new(raw.cast::<u8>()).ok_or(SysError {
+            op: "mmap(MAP_SHARED)",
+            addr: 0,
+            len,
+            errno: libc::EINVAL,
+        })?;
+        Ok(Mapping { addr, len })
+    }
+
     /// Splits ownership of a mapping: gives up `self` and returns one
     /// `Mapping` per consecutive piece of `piece` bytes (which must divide the
     /// length and be a multiple of the page size). Each piece unmaps itself.

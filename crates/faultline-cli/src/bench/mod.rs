@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod clear_order;
 pub mod fault;
 pub mod lookup;
+pub mod out_of_core;
 pub mod parallel_fault;
 
 use faultline::Config;
