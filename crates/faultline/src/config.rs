@@ -122,6 +122,9 @@ pub struct Config {
     pub reclaim_low_pct: usize,
     /// Background reclaim stops at this share of the pool free (%).
     pub reclaim_high_pct: usize,
+    /// Largest read-ahead window for store-backed 4 KiB regions, in pages (a
+    /// power of two; 1 turns read-ahead off). Default 64 (256 KiB).
+    pub readahead_max: usize,
     /// Record the addresses of up to this many faults (0: off), for replay by
     /// `faultline bench lookup` ([`crate::Manager::fault_trace`]).
     pub trace_faults: usize,
@@ -150,6 +153,7 @@ impl Default for Config {
             prezero_reserve: 8,
             lookup_cache: crate::region::table::LookupCache::PerThread,
             trace_faults: 0,
+            readahead_max: 64,
             reclaim: true,
             reclaim_low_pct: 5,
             reclaim_high_pct: 10,

@@ -190,8 +190,9 @@ pub fn clear_rep_stosb(buf: &mut [u8]) {
 
 /// Fills `frame` with the content of page `page` of a region backed by
 /// `store`; `target` is the byte offset in the frame of the faulting access,
-/// and `order` the sub-page order for clearing a huge frame. (A store fills
-/// the whole page in its own order.)
+/// and `order` the sub-page order for clearing a huge frame. A frame of
+/// several pages (fault-around, read-ahead) holds consecutive pages of
+/// `page_bytes` each, from `page` on. (A store fills pages in its own order.)
 ///
 /// # Safety
 /// `frame` is in flight and from `pool`, as [`Pool::bytes_mut`] requires.
@@ -200,6 +201,7 @@ pub unsafe fn fill(
     frame: &mut Frame,
     store: &dyn Store,
     page: u64,
+    page_bytes: usize,
     target: usize,
     order: FillOrder,
 ) -> Result<FillSource, StoreError> {
@@ -214,7 +216,7 @@ pub unsafe fn fill(
             FillSource::Cleared
         }
     } else {
-        store.read(page, bytes)?;
+        store.read_pages(page, page_bytes, bytes)?;
         FillSource::Store
     };
     pool.set_zeroed(frame, false);

@@ -38,6 +38,7 @@ pub struct Stats {
     pub(crate) unmapped_pages: AtomicU64,
     pub(crate) deferrals: AtomicU64,
     pub(crate) prezeroed_made: AtomicU64,
+    pub(crate) readaheads: AtomicU64,
     pub(crate) unparked: AtomicU64,
     pub(crate) parked: AtomicU64,
     pub(crate) evicted: AtomicU64,
@@ -74,6 +75,7 @@ impl Stats {
             unmapped_pages: AtomicU64::new(0),
             deferrals: AtomicU64::new(0),
             prezeroed_made: AtomicU64::new(0),
+            readaheads: AtomicU64::new(0),
             unparked: AtomicU64::new(0),
             parked: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -127,6 +129,7 @@ impl Stats {
             parked: r(&self.parked),
             unparked: r(&self.unparked),
             prezeroed_made: r(&self.prezeroed_made),
+            readaheads: r(&self.readaheads),
             locks: LockStat::default(),
             frames_prezeroed: 0,
             frames_total,
@@ -218,6 +221,8 @@ pub struct StatsSnapshot {
     pub unparked: u64,
     /// 2 MiB frames the zeroing worker put in the reserve.
     pub prezeroed_made: u64,
+    /// Faults that read ahead (mapped a run of following pages).
+    pub readaheads: u64,
     /// Fault lock statistics (lockstat), summed over the table.
     pub locks: LockStat,
     /// Pool size in 4 KiB frames.
@@ -271,8 +276,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "reclaim     parked {}, evicted {}, unparked {}, written back {}",
-            self.parked, self.evicted, self.unparked, self.written_back
+            "reclaim     parked {}, evicted {}, unparked {}, written back {}; read-aheads {}",
+            self.parked, self.evicted, self.unparked, self.written_back, self.readaheads
         )?;
         writeln!(
             f,

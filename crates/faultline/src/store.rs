@@ -66,6 +66,16 @@ pub trait Store: Send + Sync + Debug {
     /// Fills `buf` (exactly one page) with page `page`.
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
+    /// Fills `buf` (a whole number of pages of `page_size` bytes) with the
+    /// consecutive pages from `first`: read-ahead reads a run at once. The
+    /// default reads page by page.
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        for (i, chunk) in buf.chunks_mut(page_size).enumerate() {
+            self.read(first + i as u64, chunk)?;
+        }
+        Ok(())
+    }
+
     /// Stores `buf` (exactly one page) as page `page`.
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError>;
 
@@ -133,20 +143,11 @@ impl File {
     fn at(&self, page: u64, len: usize) -> u64 {
         self.offset + page * len as u64
     }
-}
 
-impl Store for File {
-    fn name(&self) -> &'static str {
-        "file"
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
-    }
-
-    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    /// One `pread` loop into `buf` from byte `at`; zeros past the end of the
+    /// file. `page` names the first page, for errors.
+    fn read_at(&self, page: u64, at: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
-        let at = self.at(page, buf.len());
         let mut done = 0;
         while done < buf.len() {
             match self.file.read_at(&mut buf[done..], at + done as u64) {
@@ -165,6 +166,25 @@ impl Store for File {
         // Past the end of the file: zeros.
         crate::fill::clear_rep_stosb(&mut buf[done..]);
         Ok(())
+    }
+}
+
+impl Store for File {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read_at(first, self.at(first, page_size), buf)
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let at = self.at(page, buf.len());
+        self.read_at(page, at, buf)
     }
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
@@ -230,6 +250,14 @@ impl<S: Store> Store for Delayed<S> {
             std::thread::sleep(self.latency);
         }
         self.inner.read(page, buf)
+    }
+
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        // One latency for the run, as one request to a remote store.
+        if !self.latency.is_zero() {
+            std::thread::sleep(self.latency);
+        }
+        self.inner.read_pages(first, page_size, buf)
     }
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {

@@ -127,3 +127,31 @@ fn short_file_reads_zeros_past_its_end_and_offsets_work() {
     drop(r);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn sequential_reads_read_ahead() {
+    let data = pattern(4 * MIB, 11);
+    let path = scratch("ra", &data);
+    let mm = manager();
+    let r = mm
+        .map(
+            4 * MIB,
+            File::open(&path, 0, false).expect("open"),
+            MapOptions::new(),
+        )
+        .expect("map");
+    let s = r.as_slice();
+    for p in 0..1024 {
+        assert_eq!(s[p * 4096 + 3], data[p * 4096 + 3], "page {p}");
+    }
+    let st = mm.stats();
+    assert!(st.readaheads > 0, "{st}");
+    assert!(
+        st.faults() < 256,
+        "a sequential pass over 1024 pages took {} faults: {st}",
+        st.faults()
+    );
+    assert!(s == &data[..]);
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+}

@@ -268,6 +268,50 @@ fn resolve(
         }
         _ => (page, 1),
     };
+    // Read-ahead for store-backed 4 KiB regions: a fault that continues a
+    // sequential stream maps the next `window` pages from one store read and
+    // one frame run; the window doubles while the stream lasts. The extra
+    // pages' locks are only tried (never waited for), so no lock order
+    // matters; `_ra_guards` holds them until the move is done.
+    let mut _ra_guards = Vec::new();
+    let (first, count) = if count == 1
+        && attempt == 0
+        && region.page_size == PageSize::Base4K
+        && !region.store.is_zero()
+        && plentiful
+    {
+        let window = region.readahead(page, core.config.readahead_max);
+        let (d0, k0) = region.lock_key(page);
+        let mut mine = vec![core.locks.index(d0, k0)];
+        let mut n = 1;
+        while n < window && page + n < region.pages() && region.state(page + n) == PageState::Absent
+        {
+            let (d, k) = region.lock_key(page + n);
+            let idx = core.locks.index(d, k);
+            if !mine.contains(&idx) {
+                match core.locks.try_lock(d, k) {
+                    Some(g) => {
+                        _ra_guards.push(g);
+                        mine.push(idx);
+                    }
+                    None => break,
+                }
+            }
+            // Re-check under its lock.
+            if region.state(page + n) != PageState::Absent {
+                break;
+            }
+            n += 1;
+        }
+        // A power of two: one buddy run.
+        let n = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        if n > 1 {
+            Stats::bump(&core.stats.readaheads);
+        }
+        (page, n)
+    } else {
+        (first, count)
+    };
     let order = region.page_size.order() + count.trailing_zeros() as u8;
     // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
     // worker has one ready.
@@ -302,6 +346,7 @@ fn resolve(
             &mut frame,
             region.store.as_ref(),
             first as u64,
+            region.page_size.bytes(),
             target,
             fill_order,
         )

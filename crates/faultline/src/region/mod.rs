@@ -61,6 +61,10 @@ pub struct RegionInner {
     window_shift: u32,
     pages: Box<[AtomicU32]>,
     dying: AtomicBool,
+    /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
+    /// a few threads each reading sequentially are each recognized. A leaf
+    /// mutex, taken only on faults of store-backed regions.
+    streams: parking_lot::Mutex<[(usize, usize); 4]>,
 }
 
 impl RegionInner {
@@ -80,6 +84,7 @@ impl RegionInner {
             window_shift: window.max(1).trailing_zeros(),
             pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
             dying: AtomicBool::new(false),
+            streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
     }
 
@@ -178,6 +183,31 @@ impl RegionInner {
             .iter()
             .filter(|p| !matches!(p.load(Ordering::Acquire), 0 | POISONED))
             .count()
+    }
+
+    /// Notes a fault on `page` and returns the read-ahead window for it (1:
+    /// none): a fault just after a stream's last fault (within its window)
+    /// continues that stream and doubles its window, up to `max`; any other
+    /// fault starts a new stream in the least recently continued slot.
+    pub(crate) fn readahead(&self, page: usize, max: usize) -> usize {
+        let mut streams = self.streams.lock();
+        let hit = streams.iter().position(|&(last, win)| {
+            last != usize::MAX && page > last && page <= last.saturating_add(win)
+        });
+        match hit {
+            Some(i) => {
+                let win = (streams[i].1 * 2).clamp(4, max.max(1));
+                // Most recently continued first.
+                streams[..=i].rotate_right(1);
+                streams[0] = (page + win - 1, win);
+                win
+            }
+            None => {
+                streams.rotate_right(1);
+                streams[0] = (page, 1);
+                1
+            }
+        }
     }
 
     /// Whether teardown has begun.
