@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-const MIB: usize = 1 << 20;
+mod common;
+use common::MIB;
 
 fn manager(workers: usize, locks: LockMode, budget: usize) -> Manager {
     let config = Config {
@@ -18,10 +19,7 @@ fn manager(workers: usize, locks: LockMode, budget: usize) -> Manager {
         locks,
         ..Config::default()
     };
-    Manager::builder()
-        .config(config)
-        .build()
-        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
+    common::manager_with(config)
 }
 
 /// A store of zeros that counts reads per page, flags two reads of one

@@ -7,45 +7,18 @@ use faultline::store::Zero;
 use faultline::{AddrError, BuildError, ConfigError, Manager, MapError, MapOptions, PageSize};
 use std::sync::Barrier;
 
-const MIB: usize = 1 << 20;
+mod common;
+use common::{kernel_read, rng, settled, MIB};
 
 fn manager(budget: usize) -> Manager {
-    Manager::builder()
-        .budget(budget)
-        .workers(
-            std::env::var("FL_WORKERS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2),
-        )
-        .build()
-        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
-}
-
-/// A small deterministic generator (xorshift), so failures reproduce.
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.max(1);
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
-}
-
-/// Stats once the workers' bookkeeping has caught up with the wake-ups it
-/// issued (a woken thread may run before its worker counts the move).
-fn settled(mm: &Manager) -> faultline::StatsSnapshot {
-    let mut last = mm.stats();
-    for _ in 0..100 {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        let now = mm.stats();
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
+    common::manager_with(faultline::Config {
+        budget,
+        workers: std::env::var("FL_WORKERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
+        ..faultline::Config::default()
+    })
 }
 
 fn pattern(page: usize, thread: usize) -> u8 {
@@ -390,19 +363,8 @@ fn unservable_fault_is_reported() {
     // SAFETY: inside the region.
     unsafe { r.as_ptr().write_volatile(1) };
     assert_eq!(mm.stats().frames_free, 0);
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` has room for two fds.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     let second = r.addr() + 2 * MIB;
-    // SAFETY: reads one byte of the region from kernel mode.
-    let n = unsafe { libc::write(fds[1], second as *const libc::c_void, 1) };
-    let errno = std::io::Error::last_os_error().raw_os_error();
-    // SAFETY: closing the fds we opened.
-    unsafe {
-        libc::close(fds[0]);
-        libc::close(fds[1]);
-    }
-    assert_eq!((n, errno), (-1, Some(libc::EFAULT)));
+    assert_eq!(kernel_read(second), libc::EFAULT);
     let err = r.take_error().expect("the cause is queued");
     assert!(
         matches!(err, faultline::FaultError::NoFrame { addr, page_size: "2m" } if addr == second),
@@ -423,10 +385,7 @@ fn fault_around_maps_aligned_runs() {
             pcp,
             ..faultline::Config::default()
         };
-        let mm = Manager::builder()
-            .config(config)
-            .build()
-            .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"));
+        let mm = common::manager_with(config);
         let mut r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
         let s = r.as_mut_slice();
         for p in 0..256 {

@@ -3,25 +3,13 @@
 //! userfaultfd (root); fails with the reason otherwise.
 
 use faultline::store::File;
-use faultline::{Manager, MapOptions, PageSize};
-use std::path::PathBuf;
+use faultline::{MapOptions, PageSize};
 
-const MIB: usize = 1 << 20;
+mod common;
+use common::{scratch_file as scratch, MIB};
 
-fn manager() -> Manager {
-    Manager::builder()
-        .budget(64 * MIB)
-        .workers(2)
-        .build()
-        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
-}
-
-fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("faultline-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("write file");
-    path
+fn manager() -> faultline::Manager {
+    common::manager(64 * MIB)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

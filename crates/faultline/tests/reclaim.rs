@@ -4,23 +4,11 @@
 //! makes progress. Needs userfaultfd (root); fails with the reason otherwise.
 
 use faultline::store::File;
-use faultline::{Config, Manager, MapOptions, PageSize};
+use faultline::{MapOptions, PageSize};
 use std::path::PathBuf;
 
-const MIB: usize = 1 << 20;
-
-fn manager(budget: usize) -> Manager {
-    let config = Config {
-        budget,
-        workers: 2,
-        fault_locks: 4,
-        ..Config::default()
-    };
-    Manager::builder()
-        .config(config)
-        .build()
-        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
-}
+mod common;
+use common::{manager, rng, MIB};
 
 fn scratch(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
     let dir = std::env::temp_dir().join(format!("faultline-reclaim-{}", std::process::id()));
@@ -31,16 +19,6 @@ fn scratch(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
         .collect();
     std::fs::write(&path, &data).expect("write file");
     (path, data)
-}
-
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
 }
 
 /// The region matches the oracle byte for byte (checked by 8-byte words).

@@ -4,44 +4,11 @@
 //! reason otherwise.
 
 use faultline::store::File;
-use faultline::{Config, FaultError, Manager, MapOptions, Store, StoreError};
+use faultline::{FaultError, MapOptions, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-const MIB: usize = 1 << 20;
-
-fn manager(budget: usize) -> Manager {
-    let config = Config {
-        budget,
-        workers: 2,
-        ..Config::default()
-    };
-    Manager::builder()
-        .config(config)
-        .build()
-        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
-}
-
-/// Reads one byte at `addr` from kernel mode (`write(2)` into a pipe): a
-/// poisoned page gives EFAULT there instead of SIGBUS. Returns the errno, or
-/// 0 if the read worked.
-fn kernel_read(addr: usize) -> i32 {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` has room for two fds.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: reads one byte at `addr` from kernel mode.
-    let n = unsafe { libc::write(fds[1], addr as *const libc::c_void, 1) };
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    // SAFETY: closing the fds we opened.
-    unsafe {
-        libc::close(fds[0]);
-        libc::close(fds[1]);
-    }
-    if n == 1 {
-        0
-    } else {
-        errno
-    }
-}
+mod common;
+use common::{kernel_read, manager, MIB};
 
 /// A store of zeros that fails reads of chosen pages, or every write, on
 /// demand.

@@ -6,21 +6,12 @@
 //! (default 8 s).
 
 use faultline::store::Zero;
-use faultline::{Manager, MapOptions, PageSize};
+use faultline::{MapOptions, PageSize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const MIB: usize = 1 << 20;
-
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
-}
+mod common;
+use common::{rng, MIB};
 
 /// The value thread `t` writes into word `w` of a region in round `round`.
 fn value(t: usize, round: u64, w: usize) -> u64 {
@@ -33,11 +24,7 @@ fn stress_checksum_oracle() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    let mm = Manager::builder()
-        .budget(128 * MIB)
-        .workers(2)
-        .build()
-        .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"));
+    let mm = common::manager(128 * MIB);
     let threads = 4;
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
