@@ -610,6 +610,40 @@ impl Region {
         ))
     }
 
+    /// Maps the pages of bytes `range` of the region (offsets from its start,
+    /// clipped to its length) now, so that touching them does not fault:
+    /// each absent page is filled (fault-around and read-ahead apply) and
+    /// moved in from this thread. Returns how many pages were mapped; a page
+    /// that cannot be (no frame, store error) is poisoned as a fault would
+    /// be, and its error returned.
+    pub fn prefetch(&self, range: std::ops::Range<usize>) -> Result<usize, FaultError> {
+        let r = &self.inner;
+        let core = &self.service.core;
+        let ps = r.page_size.bytes();
+        let end = range.end.min(self.len());
+        let mut mapped = 0;
+        let mut offset = range.start - range.start % ps;
+        while offset < end {
+            let page = offset / ps;
+            match service::prefetch_page(core, r, page) {
+                service::Resolution::Moved => mapped += 1,
+                service::Resolution::Poisoned => {
+                    let addr = r.page_addr(page);
+                    let err = core.take_error(|e| e.addr() == Some(addr)).unwrap_or(
+                        FaultError::Inconsistent {
+                            addr,
+                            what: "prefetch poisoned the page without a recorded cause",
+                        },
+                    );
+                    return Err(err);
+                }
+                _ => {}
+            }
+            offset += ps;
+        }
+        Ok(mapped)
+    }
+
     /// The oldest queued fault error concerning this region, if any.
     pub fn take_error(&self) -> Option<FaultError> {
         let r = &self.inner;

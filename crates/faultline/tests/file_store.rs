@@ -143,3 +143,34 @@ fn sequential_reads_read_ahead() {
     drop(r);
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn prefetch_maps_a_range_without_faults() {
+    let data = pattern(4 * MIB, 21);
+    let path = scratch("prefetch", &data);
+    let mm = manager();
+    let r = mm
+        .map(
+            4 * MIB,
+            File::open(&path, 0, false).expect("open"),
+            MapOptions::new(),
+        )
+        .expect("map");
+    let mapped = r.prefetch(MIB..2 * MIB + 100).expect("prefetch");
+    assert!(mapped >= 1, "nothing mapped");
+    for p in (MIB..2 * MIB + 100).step_by(4096) {
+        assert_eq!(r.is_resident(r.addr() + p), Ok(true), "offset {p}");
+    }
+    // Read-ahead may map a little past the range; never before it.
+    assert_eq!(r.is_resident(r.addr() + MIB - 4096), Ok(false));
+    let before = mm.stats().faults();
+    assert!(r.as_slice()[MIB..2 * MIB + 100] == data[MIB..2 * MIB + 100]);
+    assert_eq!(
+        mm.stats().faults(),
+        before,
+        "reading a prefetched range faulted"
+    );
+    assert_eq!(r.prefetch(MIB..2 * MIB).expect("again"), 0, "already there");
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+}

@@ -567,6 +567,20 @@ fn move_frame_inner(
     }))
 }
 
+/// Maps `page` of `region` now, from the calling (application) thread: the
+/// fault path without a fault, for `Region::prefetch`. Takes the page's lock
+/// like a worker; a page already there is left alone.
+pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> Resolution {
+    let (domain, key) = region.lock_key(page);
+    let _guard = core.locks.lock(domain, key);
+    match region.state(page) {
+        PageState::Absent | PageState::Parked(_) => {
+            resolve(core, region, page, region.page_addr(page), 0)
+        }
+        PageState::Resident(_) | PageState::Poisoned => Resolution::AlreadyMapped,
+    }
+}
+
 /// A touch of a page reclaim parked: move its frame back from the pool slot
 /// (a minor fault; the page is referenced again).
 fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution {
