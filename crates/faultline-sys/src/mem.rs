@@ -297,3 +297,104 @@ mod tests {
         assert!(Mapping::anonymous(PAGE_SIZE, 3000).is_err());
     }
 }
+
+/// `/proc/self/pagemap`, for `PAGEMAP_SCAN` (Linux 6.7): which pages of a
+/// range were written since they were last write-protected (with
+/// `UFFD_FEATURE_WP_ASYNC`), optionally write-protecting them again in the
+/// same walk.
+#[derive(Debug)]
+pub struct PageMap {
+    file: std::fs::File,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+const PAGEMAP_SCAN: u64 =
+    (3 << 30) | ((std::mem::size_of::<PmScanArg>() as u64) << 16) | ((b'f' as u64) << 8) | 16;
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+const PAGE_IS_WRITTEN: u64 = 1 << 1;
+
+impl PageMap {
+    /// Opens this process's pagemap.
+    pub fn open() -> Result<PageMap, SysError> {
+        std::fs::File::open("/proc/self/pagemap")
+            .map(|file| PageMap { file })
+            .map_err(|e| SysError {
+                op: "open(/proc/self/pagemap)",
+                addr: 0,
+                len: 0,
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+            })
+    }
+
+    /// The written page ranges of `[start, end)`, appended to `out` as
+    /// `(start, end)`; with `reprotect`, those pages are write-protected again
+    /// in the same walk (so no write between the scan and the protection is
+    /// missed).
+    pub fn written(
+        &self,
+        start: usize,
+        end: usize,
+        reprotect: bool,
+        out: &mut Vec<(usize, usize)>,
+    ) -> Result<(), SysError> {
+        use std::os::fd::AsRawFd;
+        let mut buf = [PageRegion::default(); 64];
+        let mut at = start;
+        while at < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags: PM_SCAN_CHECK_WPASYNC | if reprotect { PM_SCAN_WP_MATCHING } else { 0 },
+                start: at as u64,
+                end: end as u64,
+                vec: buf.as_mut_ptr() as u64,
+                vec_len: buf.len() as u64,
+                category_mask: PAGE_IS_WRITTEN,
+                return_mask: PAGE_IS_WRITTEN,
+                ..PmScanArg::default()
+            };
+            // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len`
+            // PageRegion entries into `buf`, plus `walk_end` in `arg`; with
+            // WP_MATCHING it only changes write protection, not data.
+            let n = unsafe { libc::ioctl(self.file.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            if n < 0 {
+                return Err(SysError::last("PAGEMAP_SCAN", at, end - at));
+            }
+            out.extend(
+                buf[..n as usize]
+                    .iter()
+                    .map(|r| (r.start as usize, r.end as usize)),
+            );
+            let walked = arg.walk_end as usize;
+            if walked <= at {
+                break;
+            }
+            at = walked;
+        }
+        Ok(())
+    }
+}

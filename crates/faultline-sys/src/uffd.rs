@@ -968,6 +968,98 @@ mod tests {
     }
 
     #[test]
+    fn wp_async_tracks_writes() {
+        use crate::mem::PageMap;
+        let u = Uffd::open(Features::WP_ASYNC, Features::PAGEFAULT_FLAG_WP)
+            .unwrap_or_else(|e| panic!("this test needs userfaultfd with WP_ASYNC: {e}"));
+        let m = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        // SAFETY: our mapping; populate all four pages.
+        unsafe { std::ptr::write_bytes(m.as_ptr(), 1, 4 * PAGE_SIZE) };
+        u.register(
+            m.addr(),
+            m.len(),
+            RegisterMode {
+                missing: false,
+                wp: true,
+            },
+        )
+        .expect("register");
+        u.write_protect(m.addr(), m.len(), true, false).expect("wp");
+        let pm = PageMap::open().expect("pagemap");
+        let mut w = Vec::new();
+        pm.written(m.addr(), m.addr() + m.len(), true, &mut w)
+            .expect("scan");
+        assert!(w.is_empty(), "{w:?}");
+        // SAFETY: page 2 of our mapping; the kernel resolves the WP fault.
+        unsafe { m.as_ptr().add(2 * PAGE_SIZE).write_volatile(9) };
+        pm.written(m.addr(), m.addr() + m.len(), true, &mut w)
+            .expect("scan");
+        assert_eq!(
+            w,
+            vec![(m.addr() + 2 * PAGE_SIZE, m.addr() + 3 * PAGE_SIZE)]
+        );
+        w.clear();
+        pm.written(m.addr(), m.addr() + m.len(), true, &mut w)
+            .expect("scan");
+        assert!(w.is_empty(), "re-protected by the first scan: {w:?}");
+    }
+
+    /// A finding that shapes reclaim: `UFFDIO_MOVE` does not carry a page's
+    /// write-protect (written) state to its destination — a moved page always
+    /// reads as written — so write tracking cannot be read after a page is
+    /// moved out, only before, which leaves a window for writes.
+    #[test]
+    fn move_does_not_carry_written_state() {
+        use crate::mem::PageMap;
+        let u = Uffd::open(
+            Features::WP_ASYNC.with(Features::MOVE),
+            Features::PAGEFAULT_FLAG_WP,
+        )
+        .expect("uffd");
+        let pool = Mapping::anonymous(2 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        // SAFETY: our mapping.
+        unsafe { std::ptr::write_bytes(pool.as_ptr(), 1, 2 * PAGE_SIZE) };
+        let reg = Mapping::anonymous(2 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        u.register(
+            pool.addr(),
+            pool.len(),
+            RegisterMode {
+                missing: false,
+                wp: true,
+            },
+        )
+        .expect("reg pool");
+        u.register(
+            reg.addr(),
+            reg.len(),
+            RegisterMode {
+                missing: true,
+                wp: true,
+            },
+        )
+        .expect("reg region");
+        let pm = PageMap::open().expect("pagemap");
+        for (i, write) in [(0usize, false), (1usize, true)] {
+            let (p, r) = (pool.addr() + i * PAGE_SIZE, reg.addr() + i * PAGE_SIZE);
+            // SAFETY: moving between our own mappings.
+            unsafe { u.move_pages(r, p, PAGE_SIZE, true, false) }.expect("in");
+            u.write_protect(r, PAGE_SIZE, true, false).expect("wp");
+            if write {
+                // SAFETY: our page.
+                unsafe { (r as *mut u8).write_volatile(5) };
+            }
+            // SAFETY: as above.
+            unsafe { u.move_pages(p, r, PAGE_SIZE, true, false) }.expect("out");
+            let mut w = Vec::new();
+            pm.written(p, p + PAGE_SIZE, false, &mut w).expect("scan");
+            assert!(
+                !w.is_empty(),
+                "write={write}: the moved page reads as written"
+            );
+        }
+    }
+
+    #[test]
     fn features_names() {
         let f = Features::MOVE.with(Features::POISON);
         assert_eq!(f.names(), vec!["POISON", "MOVE"]);
