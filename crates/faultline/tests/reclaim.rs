@@ -38,7 +38,7 @@ fn check(region: &[u8], oracle: &[u8], what: &str) {
     }
 }
 
-fn out_of_core(size: PageSize, file_len: usize, budget: usize) {
+fn out_of_core(size: PageSize, file_len: usize, budget: usize, ops_per_thread: usize) {
     let (path, mut oracle) = scratch(&format!("ooc-{}", size.name()), file_len);
     let ps = size.bytes();
     let pages = file_len / ps;
@@ -61,7 +61,7 @@ fn out_of_core(size: PageSize, file_len: usize, budget: usize) {
                     s.spawn(move || {
                         let mut next = rng(t as u64 + 7);
                         let mut mine: std::collections::HashMap<usize, u8> = Default::default();
-                        for _ in 0..pages * 3 {
+                        for _ in 0..ops_per_thread {
                             let p = (next() as usize % (pages / 2)) * 2 + t;
                             let off = p * ps + next() as usize % ps;
                             // SAFETY: inside the region, which outlives the scope.
@@ -122,12 +122,19 @@ fn out_of_core(size: PageSize, file_len: usize, budget: usize) {
 
 #[test]
 fn file_four_times_the_budget_4k() {
-    out_of_core(PageSize::Base4K, 64 * MIB, 16 * MIB);
+    out_of_core(PageSize::Base4K, 64 * MIB, 16 * MIB, 3 * 16384);
 }
 
 #[test]
 fn file_four_times_the_budget_2m() {
-    out_of_core(PageSize::Huge2M, 64 * MIB, 16 * MIB);
+    out_of_core(PageSize::Huge2M, 64 * MIB, 16 * MIB, 3 * 32);
+}
+
+/// The size: a 1 GiB file through a 64 MiB budget, 2 threads of
+/// random reads and writes, then a sequential pass, flush and reopen.
+#[test]
+fn one_gib_through_64_mib() {
+    out_of_core(PageSize::Base4K, 1024 * MIB, 64 * MIB, 50_000);
 }
 
 #[test]
