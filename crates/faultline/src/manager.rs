@@ -1,8 +1,8 @@
 //! The manager: builds the pool, the userfaultfd context and the workers from
 //! a [`Config`], maps regions, and tears everything down in order.
 //!
-//! Ownership: workers hold an `Arc<Core>` (userfaultfd, pool, allocator,
-//! region table, locks, stats). The [`Manager`] and every [`Region`] hold an
+//! Ownership: workers — and the zeroing and reclaim threads — hold an
+//! `Arc<Core>` (userfaultfd, pool, allocator, region table, locks, stats). The [`Manager`] and every [`Region`] hold an
 //! `Arc<Service>`, which owns the worker threads; when the last of them is
 //! dropped, `Service::drop` signals the shutdown eventfd and joins the
 //! workers. A region therefore keeps its workers alive even if the

@@ -2,10 +2,13 @@
 //! each missing-page fault by moving a filled pool frame into place.
 //!
 //! One fault, in order (DESIGN.md, "Data flow of one fault"):
-//! `lookup(addr)` → lock `(region, page)` → state? → `alloc(order)` →
-//! `fill` → (2 MiB: drop the empty page table the fault left) →
-//! `UFFDIO_MOVE frame → page` (wakes the faulting threads) →
-//! state = resident → unlock.
+//! `lookup(addr)` → lock `(region, page)` → state? (parked: move its frame
+//! back, done) → choose the unit (the page; its fault-around window for a
+//! zero region; a read-ahead run for a store-backed stream) → `alloc(order)`
+//! (a pre-zeroed 2 MiB frame if one is ready; reclaim synchronously if none is
+//! free) → `fill` (clear in the configured order, or read from the store) →
+//! (2 MiB: drop the empty page table the fault left) → state = resident →
+//! `UFFDIO_MOVE frame → page` (wakes the faulting threads) → unlock.
 //!
 //! Outcomes ([`Resolution`]): `Moved`; `AlreadyMapped` (a racing fault was
 //! served first: wake only); `Dying` (the region is being unmapped: wake
@@ -15,8 +18,8 @@
 //!
 //! Frame accounting: a frame taken from the allocator is either moved into the
 //! region (and recorded in the page state) or returned before the page lock
-//! is released, so `free + mapped = pool pages` holds whenever no fault is in
-//! flight.
+//! is released, so `free + mapped + parked = pool pages` holds whenever no
+//! fault is in flight.
 //!
 //! Workers are pinned one per CPU and block in `epoll_wait` on the
 //! userfaultfd and a shutdown eventfd. An event wakes every idle worker (unless
