@@ -708,7 +708,8 @@ impl Region {
                             };
                             r.store.write(page as u64, bytes)?;
                         }
-                        PageState::Absent | PageState::Poisoned => {}
+                        // Evicted meanwhile: reclaim wrote it back.
+                        PageState::Absent | PageState::Poisoned => continue,
                     }
                 }
             }
