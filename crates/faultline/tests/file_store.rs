@@ -72,21 +72,14 @@ fn read_through_flush_and_reopen() {
 
 #[test]
 fn read_only_region_never_changes_the_file() {
-    let data = pattern(4 * MIB, 9);
-    let path = scratch("ro", &data);
-    {
-        let mm = manager();
-        let mut r = mm
-            .map(
-                4 * MIB,
-                File::open(&path, 0, false).expect("open"),
-                MapOptions::new(),
-            )
-            .expect("map");
-        r.as_mut_slice()[100] ^= 0xff;
-        r.as_mut_slice()[3 * MIB] ^= 0xff;
-        r.flush().expect("a read-only flush is a no-op");
-    }
+    let mm = manager();
+    let (mut r, data, path) = read_only_region(&mm, "ro", 4 * MIB, 9);
+    r.as_mut_slice()[100] ^= 0xff;
+    r.as_mut_slice()[3 * MIB] ^= 0xff;
+    r.flush().expect("a read-only flush is a no-op");
+    // Dropping the region and the manager writes nothing back either.
+    drop(r);
+    drop(mm);
     assert!(
         std::fs::read(&path).expect("read") == data,
         "the read-only region wrote its file"
@@ -116,18 +109,29 @@ fn short_file_reads_zeros_past_its_end_and_offsets_work() {
     let _ = std::fs::remove_file(&path);
 }
 
-#[test]
-fn sequential_reads_read_ahead() {
-    let data = pattern(4 * MIB, 11);
-    let path = scratch("ra", &data);
-    let mm = manager();
+/// A read-only 4 KiB region over a new scratch file of `len` pattern bytes.
+fn read_only_region(
+    mm: &faultline::Manager,
+    name: &str,
+    len: usize,
+    seed: u8,
+) -> (faultline::Region, Vec<u8>, std::path::PathBuf) {
+    let data = pattern(len, seed);
+    let path = scratch(name, &data);
     let r = mm
         .map(
-            4 * MIB,
+            len,
             File::open(&path, 0, false).expect("open"),
             MapOptions::new(),
         )
         .expect("map");
+    (r, data, path)
+}
+
+#[test]
+fn sequential_reads_read_ahead() {
+    let mm = manager();
+    let (r, data, path) = read_only_region(&mm, "ra", 4 * MIB, 11);
     let s = r.as_slice();
     for p in 0..1024 {
         assert_eq!(s[p * 4096 + 3], data[p * 4096 + 3], "page {p}");
@@ -146,16 +150,8 @@ fn sequential_reads_read_ahead() {
 
 #[test]
 fn prefetch_maps_a_range_without_faults() {
-    let data = pattern(4 * MIB, 21);
-    let path = scratch("prefetch", &data);
     let mm = manager();
-    let r = mm
-        .map(
-            4 * MIB,
-            File::open(&path, 0, false).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let (r, data, path) = read_only_region(&mm, "prefetch", 4 * MIB, 21);
     let mapped = r.prefetch(MIB..2 * MIB + 100).expect("prefetch");
     assert!(mapped >= 1, "nothing mapped");
     for p in (MIB..2 * MIB + 100).step_by(4096) {
