@@ -382,21 +382,20 @@ impl ManagerBuilder {
                 .map_err(BuildError::Thread)?;
             service.workers.push(h);
         }
-        if core.config.reclaim {
+        let mut background = |name: &str, run: fn(&Core)| -> Result<(), BuildError> {
             let c = Arc::clone(&core);
             let h = std::thread::Builder::new()
-                .name("faultline-reclaim".into())
-                .spawn(move || c.run_reclaimer())
+                .name(name.into())
+                .spawn(move || run(&c))
                 .map_err(BuildError::Thread)?;
             service.workers.push(h);
+            Ok(())
+        };
+        if core.config.reclaim {
+            background("faultline-reclaim", Core::run_reclaimer)?;
         }
         if core.config.prezero && core.pool.thp() {
-            let c = Arc::clone(&core);
-            let h = std::thread::Builder::new()
-                .name("faultline-zero".into())
-                .spawn(move || c.run_zeroer())
-                .map_err(BuildError::Thread)?;
-            service.workers.push(h);
+            background("faultline-zero", Core::run_zeroer)?;
         }
         Ok(Manager {
             service: Arc::new(service),

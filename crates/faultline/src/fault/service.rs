@@ -363,16 +363,7 @@ fn resolve(
             return poison(core, region, page, FaultError::Store { addr, source: e });
         }
     }
-    if region.page_size == PageSize::Huge2M {
-        // The fault on this non-THP range allocated a page table under the
-        // PMD; with it there, MOVE would split our huge frame into 512 pages.
-        // MADV_DONTNEED on the (empty) range frees it (CONFIG_PT_RECLAIM).
-        // SAFETY: the page is absent (checked under its lock): no data and
-        // no reference can be there.
-        if unsafe { region.map.discard(addr, len) }.is_ok() {
-            Stats::bump(&core.stats.pt_discards);
-        }
-    }
+    drop_empty_page_table(core, region, addr, len);
     // Resident before the move: the move wakes the faulting threads, and
     // what they do next (query the region, unmap it) must see the pages
     // resident. No one else can look at the state in between: we hold the
@@ -570,6 +561,22 @@ fn move_frame_inner(
     }))
 }
 
+/// Before a 2 MiB move into `[addr, addr + len)`: the fault on this non-THP
+/// range allocated a page table under the PMD, and with it there MOVE would
+/// split the huge frame into 512 pages. `MADV_DONTNEED` on the (empty) range
+/// frees it (`CONFIG_PT_RECLAIM`). The caller holds the page's lock and the
+/// page is not mapped (absent or parked).
+fn drop_empty_page_table(core: &Core, region: &RegionInner, addr: usize, len: usize) {
+    if region.page_size != PageSize::Huge2M {
+        return;
+    }
+    // SAFETY: the page is not mapped (caller's contract, under its lock): no
+    // data and no reference can be in the range.
+    if unsafe { region.map.discard(addr, len) }.is_ok() {
+        Stats::bump(&core.stats.pt_discards);
+    }
+}
+
 /// Maps `page` of `region` now, from the calling (application) thread: the
 /// fault path without a fault, for `Region::prefetch`. Takes the page's lock
 /// like a worker; a page already there is left alone.
@@ -590,13 +597,7 @@ fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution 
     let addr = region.page_addr(page);
     let len = region.page_size.bytes();
     let frame = Frame::from_parts(f, region.page_size.order());
-    if region.page_size == PageSize::Huge2M {
-        // As for a fresh 2 MiB page: drop the empty page table the fault left.
-        // SAFETY: the page is parked (not mapped) under its lock.
-        if unsafe { region.map.discard(addr, len) }.is_ok() {
-            Stats::bump(&core.stats.pt_discards);
-        }
-    }
+    drop_empty_page_table(core, region, addr, len);
     region.set_state(page, PageState::Resident(f));
     match move_frame(core, region, addr, core.pool.addr_of(&frame), len) {
         Ok(()) => {
