@@ -101,6 +101,27 @@ pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The online NUMA nodes (`/sys/devices/system/node/online`, e.g. `0-1`);
+/// `[0]` where the kernel has no NUMA support.
+pub fn numa_nodes() -> Vec<u32> {
+    let Ok(s) = std::fs::read_to_string("/sys/devices/system/node/online") else {
+        return vec![0];
+    };
+    let mut nodes = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let mut ends = part.splitn(2, '-').map(|n| n.trim().parse::<u32>());
+        match (ends.next(), ends.next()) {
+            (Some(Ok(a)), None) => nodes.push(a),
+            (Some(Ok(a)), Some(Ok(b))) if a <= b => nodes.extend(a..=b),
+            _ => return vec![0],
+        }
+    }
+    if nodes.is_empty() {
+        nodes.push(0);
+    }
+    nodes
+}
+
 /// The time-stamp counter (cycles at the invariant TSC rate), or 0 where the
 /// architecture has none.
 #[inline]
@@ -165,5 +186,7 @@ mod tests {
         let a = cycles();
         let b = cycles();
         assert!(b >= a);
+        let nodes = numa_nodes();
+        assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
     }
 }

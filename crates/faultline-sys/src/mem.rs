@@ -21,6 +21,9 @@ pub enum Advice {
     DontFork,
     /// `MADV_POPULATE_WRITE`: fault the range in for writing now.
     PopulateWrite,
+    /// `MADV_COLLAPSE`: back the (populated) range by transparent huge pages
+    /// now, copying its pages into a new huge page; content is unchanged.
+    Collapse,
 }
 
 impl Advice {
@@ -30,6 +33,7 @@ impl Advice {
             Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
             Advice::DontFork => libc::MADV_DONTFORK,
             Advice::PopulateWrite => 23, // MADV_POPULATE_WRITE, Linux 5.14
+            Advice::Collapse => 25,      // MADV_COLLAPSE, Linux 6.1
         }
     }
 
@@ -39,6 +43,7 @@ impl Advice {
             Advice::NoHugePage => "madvise(MADV_NOHUGEPAGE)",
             Advice::DontFork => "madvise(MADV_DONTFORK)",
             Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
+            Advice::Collapse => "madvise(MADV_COLLAPSE)",
         }
     }
 }
@@ -198,6 +203,41 @@ impl Mapping {
         Ok(())
     }
 
+    /// Binds `[addr, addr + len)` (inside the mapping) to NUMA node `node`
+    /// (`mbind(MPOL_BIND)`): pages populated there afterwards come from that
+    /// node. Call before populating; pages already there are not moved.
+    pub fn bind_node(&self, addr: usize, len: usize, node: u32) -> Result<(), SysError> {
+        const MPOL_BIND: libc::c_long = 2;
+        let einval = SysError {
+            op: "mbind",
+            addr,
+            len,
+            errno: libc::EINVAL,
+        };
+        if !self.contains(addr, len) || node >= 64 {
+            return Err(einval);
+        }
+        let mask: u64 = 1 << node;
+        // SAFETY: the range lies inside a mapping we own; `mask` is a valid
+        // one-word node mask that outlives the call (maxnode = 64 bits), and
+        // a memory policy never changes the content of memory.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                addr,
+                len,
+                MPOL_BIND,
+                &mask as *const u64,
+                64usize,
+                0usize,
+            )
+        };
+        if rc != 0 {
+            return Err(SysError::last("mbind", addr, len));
+        }
+        Ok(())
+    }
+
     /// Whether every page of `[addr, addr + len)` is mapped in the page
     /// tables right now (`mincore(2)`; `len` at most 64 pages).
     pub fn is_resident(&self, addr: usize, len: usize) -> Result<bool, SysError> {
@@ -274,6 +314,21 @@ mod tests {
     }
 
     #[test]
+    fn bind_to_an_online_node() {
+        let m = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        let node = crate::host::numa_nodes()[0];
+        m.bind_node(m.addr(), m.len(), node).expect("mbind");
+        m.advise(m.addr(), m.len(), Advice::PopulateWrite)
+            .expect("populate");
+        assert!(m.is_resident(m.addr(), PAGE_SIZE).expect("mincore"));
+        assert_eq!(
+            m.bind_node(m.addr(), m.len(), 63).map_err(|e| e.op),
+            Err("mbind"),
+            "node 63 is not online here"
+        );
+    }
+
+    #[test]
     fn split_pieces_own_their_pages() {
         let m = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
         let base = m.addr();
@@ -337,6 +392,7 @@ const PAGEMAP_SCAN: u64 =
 const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
 const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
 const PAGE_IS_WRITTEN: u64 = 1 << 1;
+const PAGE_IS_HUGE: u64 = 1 << 6;
 
 impl PageMap {
     /// Opens this process's pagemap.
@@ -362,19 +418,38 @@ impl PageMap {
         reprotect: bool,
         out: &mut Vec<(usize, usize)>,
     ) -> Result<(), SysError> {
+        let flags = PM_SCAN_CHECK_WPASYNC | if reprotect { PM_SCAN_WP_MATCHING } else { 0 };
+        self.scan(start, end, flags, PAGE_IS_WRITTEN, out)
+    }
+
+    /// Bytes of `[start, end)` mapped by huge (PMD) page-table entries.
+    pub fn huge_bytes(&self, start: usize, end: usize) -> Result<usize, SysError> {
+        let mut out = Vec::new();
+        self.scan(start, end, 0, PAGE_IS_HUGE, &mut out)?;
+        Ok(out.iter().map(|(a, b)| b - a).sum())
+    }
+
+    fn scan(
+        &self,
+        start: usize,
+        end: usize,
+        flags: u64,
+        category: u64,
+        out: &mut Vec<(usize, usize)>,
+    ) -> Result<(), SysError> {
         use std::os::fd::AsRawFd;
         let mut buf = [PageRegion::default(); 64];
         let mut at = start;
         while at < end {
             let mut arg = PmScanArg {
                 size: std::mem::size_of::<PmScanArg>() as u64,
-                flags: PM_SCAN_CHECK_WPASYNC | if reprotect { PM_SCAN_WP_MATCHING } else { 0 },
+                flags,
                 start: at as u64,
                 end: end as u64,
                 vec: buf.as_mut_ptr() as u64,
                 vec_len: buf.len() as u64,
-                category_mask: PAGE_IS_WRITTEN,
-                return_mask: PAGE_IS_WRITTEN,
+                category_mask: category,
+                return_mask: category,
                 ..PmScanArg::default()
             };
             // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len`

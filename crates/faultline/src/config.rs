@@ -131,6 +131,54 @@ pub struct Config {
     /// Busy-poll the userfaultfd this many microseconds after the last event
     /// before blocking in `poll(2)`. Default 0 (block at once).
     pub spin_us: u32,
+    /// The NUMA node pool 0 (the budget) is bound to; `None` (default): no
+    /// binding, the kernel's policy.
+    pub node: Option<u32>,
+    /// Pools beyond pool 0: other NUMA nodes, or memory tiers on a one-node
+    /// machine. Faults never take frames from them; pages get there by
+    /// `Region::migrate`. Default none. See [`Config::with_node_pools`].
+    pub extra_pools: Vec<PoolSpec>,
+    /// How migration copies a frame. Default [`CopyMethod::Chunked`].
+    pub migrate_copy: CopyMethod,
+    /// Threads that share one migration's copy: the migrating thread plus up
+    /// to `migrate_threads - 1` fault workers, which take copy chunks only
+    /// while they have no fault to serve. Default 2; 1 copies alone.
+    pub migrate_threads: usize,
+    /// Bytes per copy chunk handed to a worker (a power of two, 4 KiB to
+    /// 2 MiB): the longest a worker is away from its fault queue. Default
+    /// 256 KiB.
+    pub migrate_chunk: usize,
+}
+
+/// One pool beyond the first (see [`Config::extra_pools`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PoolSpec {
+    /// Its size, a multiple of 2 MiB.
+    pub bytes: usize,
+    /// The NUMA node it is bound to, if any.
+    pub node: Option<u32>,
+}
+
+/// How migration copies a frame's bytes (seed 001).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CopyMethod {
+    /// The pre-seed baseline: a loop of 4 KiB copies, one call per page, on
+    /// the migrating thread alone.
+    PerPage,
+    /// One large copy per frame, cut into `migrate_chunk` pieces that up to
+    /// `migrate_threads` threads share; non-temporal stores for frames of
+    /// 64 KiB and more.
+    Chunked,
+}
+
+impl CopyMethod {
+    /// Name as used in benchmark output.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyMethod::PerPage => "per-page",
+            CopyMethod::Chunked => "chunked",
+        }
+    }
 }
 
 impl Default for Config {
@@ -158,7 +206,37 @@ impl Default for Config {
             reclaim_low_pct: 5,
             reclaim_high_pct: 10,
             spin_us: 0,
+            node: None,
+            extra_pools: Vec::new(),
+            migrate_copy: CopyMethod::Chunked,
+            migrate_threads: 2,
+            migrate_chunk: 256 << 10,
         }
+    }
+}
+
+impl Config {
+    /// One pool per online NUMA node, `bytes` each: pool 0 (the budget) on
+    /// the first node, the others as extra pools. On a one-node machine this
+    /// is just the budget, bound to node 0.
+    pub fn with_node_pools(mut self, bytes: usize) -> Config {
+        let nodes = faultline_sys::host::numa_nodes();
+        self.budget = bytes;
+        self.node = nodes.first().copied();
+        self.extra_pools = nodes[1..]
+            .iter()
+            .map(|&n| PoolSpec {
+                bytes,
+                node: Some(n),
+            })
+            .collect();
+        self
+    }
+
+    /// Adds a pool of `bytes` with no node binding (a tier).
+    pub fn with_tier(mut self, bytes: usize) -> Config {
+        self.extra_pools.push(PoolSpec { bytes, node: None });
+        self
     }
 }
 
@@ -249,6 +327,54 @@ impl Config {
                 field: "pcp_batch",
                 value: self.pcp_batch,
                 why: "1..=4096 and at most pcp_high",
+            });
+        }
+        let total = self.extra_pools.iter().try_fold(self.budget, |t, p| {
+            if p.bytes < HUGE_PAGE_SIZE || p.bytes % HUGE_PAGE_SIZE != 0 {
+                Err(ConfigError::OutOfRange {
+                    field: "extra_pools.bytes",
+                    value: p.bytes,
+                    why: "a non-zero multiple of 2 MiB",
+                })
+            } else {
+                Ok(t.saturating_add(p.bytes))
+            }
+        })?;
+        if total > physical || total / faultline_sys::PAGE_SIZE > u32::MAX as usize / 2 {
+            return Err(ConfigError::BudgetTooLarge {
+                budget: total,
+                physical,
+            });
+        }
+        let online = faultline_sys::host::numa_nodes();
+        for node in self
+            .extra_pools
+            .iter()
+            .filter_map(|p| p.node)
+            .chain(self.node)
+        {
+            if !online.contains(&node) {
+                return Err(ConfigError::OutOfRange {
+                    field: "node",
+                    value: node as usize,
+                    why: "an online NUMA node (/sys/devices/system/node/online)",
+                });
+            }
+        }
+        if self.migrate_threads == 0 || self.migrate_threads > self.workers + 1 {
+            return Err(ConfigError::OutOfRange {
+                field: "migrate_threads",
+                value: self.migrate_threads,
+                why: "1..=workers + 1",
+            });
+        }
+        if !self.migrate_chunk.is_power_of_two()
+            || !(faultline_sys::PAGE_SIZE..=HUGE_PAGE_SIZE).contains(&self.migrate_chunk)
+        {
+            return Err(ConfigError::OutOfRange {
+                field: "migrate_chunk",
+                value: self.migrate_chunk,
+                why: "a power of two from 4 KiB to 2 MiB",
             });
         }
         if self.event_batch == 0 || self.event_batch > 64 {

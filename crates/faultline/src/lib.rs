@@ -16,7 +16,7 @@
 //!
 //! Components, one module each: [`config`], [`region`] (the region table),
 //! [`frame`] (pool and allocator), [`fault`] (service and its locks),
-//! [`fill`], [`store`], [`stats`]; [`manager`] ties them together. Only
+//! [`fill`], [`store`], [`migrate`], [`stats`]; [`manager`] ties them together. Only
 //! `faultline-sys` makes system calls.
 
 pub mod config;
@@ -24,15 +24,18 @@ pub mod fault;
 pub mod fill;
 pub mod frame;
 pub mod manager;
+pub mod migrate;
 mod reclaim;
 pub mod region;
 pub mod stats;
 pub mod store;
 mod sync;
 
-pub use config::{Config, ConfigError, LockMode, MapOptions, PageSize};
+pub use config::{Config, ConfigError, CopyMethod, LockMode, MapOptions, PageSize, PoolSpec};
 pub use fault::FaultError;
+pub use frame::PoolId;
 pub use manager::{AddrError, BuildError, Manager, ManagerBuilder, MapError, Region};
+pub use migrate::{CopyPlan, MigrateError, MigrateReport};
 pub use region::table::LookupCache;
 pub use stats::StatsSnapshot;
 pub use store::{Store, StoreError};

@@ -19,7 +19,8 @@
 
 use crate::config::{Config, ConfigError, LockMode, MapOptions, PageSize};
 use crate::fault::{service, FaultError, FaultLocks};
-use crate::frame::{AllocConfig, Frame, FrameAlloc, FrameAllocator, Pool, PoolError};
+use crate::frame::{AllocConfig, Frame, FrameAllocator, FramePools, Pool, PoolError, PoolId};
+use crate::migrate::{CopyPlan, MigrateError, MigrateReport};
 use crate::region::{PageState, RegionInner, RegionTable};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{Store, StoreError};
@@ -113,7 +114,7 @@ pub(crate) struct Core {
     pub(crate) config: Config,
     pub(crate) uffd: Uffd,
     pub(crate) pool: Pool,
-    pub(crate) alloc: Box<dyn FrameAllocator>,
+    pub(crate) alloc: FramePools,
     pub(crate) table: RegionTable,
     pub(crate) locks: FaultLocks,
     pub(crate) stats: Stats,
@@ -134,6 +135,10 @@ pub(crate) struct Core {
     pub(crate) trace: Mutex<Vec<usize>>,
     /// The reclaim clock's hand.
     pub(crate) hand: Mutex<crate::reclaim::Hand>,
+    /// Migration copies offered to idle workers (see `migrate`).
+    pub(crate) copy_jobs: Mutex<Vec<Arc<crate::migrate::CopyJob>>>,
+    /// Number of offered copies; workers look at the list only when > 0.
+    pub(crate) copy_pending: std::sync::atomic::AtomicUsize,
 }
 
 impl Core {
@@ -183,7 +188,7 @@ impl Core {
     /// The background reclaimer: wakes every 10 ms and, when free memory is
     /// below the low watermark, reclaims up to the high one.
     fn run_reclaimer(&self) {
-        let pages = self.pool.pages();
+        let pages = self.alloc.pages_in(0);
         let low = pages * self.config.reclaim_low_pct / 100;
         let high = pages * self.config.reclaim_high_pct / 100;
         loop {
@@ -338,16 +343,23 @@ impl ManagerBuilder {
         let config = self.config;
         config.validate()?;
         let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features::THREAD_ID)?;
-        let pool = Pool::new(config.budget, &uffd)?;
-        let alloc: Box<dyn FrameAllocator> = Box::new(FrameAlloc::new(
-            pool.pages(),
+        let parts: Vec<(usize, Option<u32>)> = std::iter::once((config.budget, config.node))
+            .chain(config.extra_pools.iter().map(|p| (p.bytes, p.node)))
+            .collect();
+        let pool = Pool::new(&parts, &uffd)?;
+        let pages: Vec<usize> = parts
+            .iter()
+            .map(|p| p.0 / faultline_sys::PAGE_SIZE)
+            .collect();
+        let alloc = FramePools::new(
+            &pages,
             AllocConfig {
                 pcp: config.pcp,
                 batch: config.pcp_batch,
                 high: config.pcp_high,
                 cpus: faultline_sys::host::online_cpus(),
             },
-        ));
+        );
         let core = Arc::new(Core {
             locks: FaultLocks::new(config.locks, config.fault_locks),
             stats: Stats::new(config.workers),
@@ -362,6 +374,8 @@ impl ManagerBuilder {
             stopping: std::sync::atomic::AtomicBool::new(false),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(crate::reclaim::Hand::default()),
+            copy_jobs: Mutex::new(Vec::new()),
+            copy_pending: std::sync::atomic::AtomicUsize::new(0),
             config,
             uffd,
             pool,
@@ -530,6 +544,18 @@ impl Manager {
         self.core().trace.lock().clone()
     }
 
+    /// Number of frame pools (1 + `Config::extra_pools`).
+    pub fn pools(&self) -> usize {
+        self.core().alloc.count()
+    }
+
+    /// `(size, free)` of pool `pool` in bytes (zero for no such pool).
+    pub fn pool_bytes(&self, pool: PoolId) -> (usize, usize) {
+        let a = &self.core().alloc;
+        let ps = faultline_sys::PAGE_SIZE;
+        (a.pages_in(pool) * ps, a.free_pages_in(pool) * ps)
+    }
+
     /// The userfaultfd features in use.
     pub fn features(&self) -> Vec<&'static str> {
         self.core().uffd.features().names()
@@ -641,6 +667,122 @@ impl Region {
             offset += ps;
         }
         Ok(mapped)
+    }
+
+    /// The copy plan of the config: `migrate_copy`, `migrate_threads`,
+    /// `migrate_chunk`.
+    pub fn copy_plan(&self) -> CopyPlan {
+        let c = &self.service.core.config;
+        CopyPlan {
+            method: c.migrate_copy,
+            threads: c.migrate_threads,
+            chunk: c.migrate_chunk,
+        }
+    }
+
+    /// The page range covering bytes `range`, which must lie inside the
+    /// region.
+    fn page_range(
+        &self,
+        range: &std::ops::Range<usize>,
+    ) -> Result<std::ops::Range<usize>, MigrateError> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(MigrateError::OutOfRange {
+                start: range.start,
+                end: range.end,
+            });
+        }
+        let ps = self.inner.page_size.bytes();
+        Ok(range.start / ps..range.end.div_ceil(ps))
+    }
+
+    /// Moves the pages of bytes `range` (offsets, inside the region) that
+    /// hold data — resident or parked — into frames of pool `pool`, while
+    /// the application may keep using them: a touch during a page's move
+    /// waits for it (DESIGN.md, "Migration"). Pages already there are left
+    /// alone. A pool without room fails the batch (one 2 MiB block) that did
+    /// not fit, before any of it moved; batches before it stay migrated.
+    pub fn migrate(
+        &self,
+        range: std::ops::Range<usize>,
+        pool: PoolId,
+    ) -> Result<MigrateReport, MigrateError> {
+        self.migrate_with(range, pool, self.copy_plan())
+    }
+
+    /// [`Region::migrate`] with an explicit copy plan (for experiments).
+    pub fn migrate_with(
+        &self,
+        range: std::ops::Range<usize>,
+        pool: PoolId,
+        plan: CopyPlan,
+    ) -> Result<MigrateReport, MigrateError> {
+        let pages = self.page_range(&range)?;
+        let plan = self.clamp(plan);
+        crate::migrate::migrate(&self.service.core, &self.inner, pages, pool, plan)
+    }
+
+    /// Collapses every 2 MiB block of bytes `range` (rounded out to whole
+    /// blocks, inside the region; a 4 KiB-page region) into one 2 MiB frame
+    /// of pool 0, mapped as one huge page: each block's 512 pages must be
+    /// resident (or parked). Returns what was done; blocks already in one
+    /// frame are skipped.
+    pub fn collapse(&self, range: std::ops::Range<usize>) -> Result<MigrateReport, MigrateError> {
+        self.collapse_with(range, 0, self.copy_plan())
+    }
+
+    /// [`Region::collapse`] into pool `pool` with an explicit copy plan.
+    pub fn collapse_with(
+        &self,
+        range: std::ops::Range<usize>,
+        pool: PoolId,
+        plan: CopyPlan,
+    ) -> Result<MigrateReport, MigrateError> {
+        let pages = self.page_range(&range)?;
+        let plan = self.clamp(plan);
+        let t0 = std::time::Instant::now();
+        let mut report = MigrateReport::default();
+        let per = crate::frame::PAGES_PER_HUGE;
+        let mut first = pages.start / per * per;
+        while first < pages.end {
+            crate::migrate::collapse(
+                &self.service.core,
+                &self.inner,
+                first,
+                pool,
+                plan,
+                &mut report,
+            )?;
+            first += per;
+        }
+        report.total_ns = t0.elapsed().as_nanos() as u64;
+        Ok(report)
+    }
+
+    fn clamp(&self, plan: CopyPlan) -> CopyPlan {
+        let workers = self.service.core.config.workers;
+        CopyPlan {
+            threads: plan.threads.clamp(1, workers + 1),
+            chunk: plan
+                .chunk
+                .next_power_of_two()
+                .clamp(faultline_sys::PAGE_SIZE, faultline_sys::HUGE_PAGE_SIZE),
+            ..plan
+        }
+    }
+
+    /// The pool holding the page at byte `offset`, if the page holds data
+    /// (resident or parked).
+    pub fn pool_of(&self, offset: usize) -> Option<PoolId> {
+        if offset >= self.len() {
+            return None;
+        }
+        match self.inner.state(offset / self.inner.page_size.bytes()) {
+            PageState::Resident(f) | PageState::Parked(f) => {
+                Some(self.service.core.alloc.pool_of(f))
+            }
+            PageState::Absent | PageState::Poisoned => None,
+        }
     }
 
     /// The oldest queued fault error concerning this region, if any.

@@ -10,6 +10,9 @@
 //! freed. A page's frame is freed only after its data is safe in the store;
 //! if the write fails the page stays parked and the error is queued.
 //!
+//! Only pages in pool 0 (the budget) are reclaimed; pages migrated to
+//! another pool stay there until migrated back or unmapped.
+//!
 //! Regions of the zero store have no backing to write to and are never
 //! reclaimed (a swap store would change that). Pages of a read-only store
 //! are dropped without write-back: writes to such a region are not kept.
@@ -26,7 +29,7 @@
 //! mutex is a leaf held only to read and store the hand.
 
 use crate::fault::FaultError;
-use crate::frame::Frame;
+use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
@@ -111,6 +114,13 @@ fn step(core: &Core, r: &RegionInner, page: usize) -> usize {
     }
     let order = r.page_size.order();
     let len = r.page_size.bytes();
+    // Only pool 0 is under the budget: pages migrated to another pool stay
+    // there (evicting them would free nothing faults can use).
+    if let PageState::Resident(f) | PageState::Parked(f) = r.state(page) {
+        if core.alloc.pool_of(f) != 0 {
+            return 0;
+        }
+    }
     match r.state(page) {
         PageState::Resident(f) => {
             let frame = Frame::from_parts(f, order);

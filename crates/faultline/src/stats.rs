@@ -43,6 +43,9 @@ pub struct Stats {
     pub(crate) parked: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) written_back: AtomicU64,
+    pub(crate) migrated_pages: AtomicU64,
+    pub(crate) collapses: AtomicU64,
+    pub(crate) copy_chunks_helped: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
 
@@ -79,6 +82,9 @@ impl Stats {
             unparked: AtomicU64::new(0),
             parked: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            migrated_pages: AtomicU64::new(0),
+            collapses: AtomicU64::new(0),
+            copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
             hist: (0..workers.max(1))
                 .map(|_| CachePadded::new(Mutex::new(new_hist())))
@@ -130,6 +136,9 @@ impl Stats {
             unparked: r(&self.unparked),
             prezeroed_made: r(&self.prezeroed_made),
             readaheads: r(&self.readaheads),
+            migrated_pages: r(&self.migrated_pages),
+            collapses: r(&self.collapses),
+            copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
             frames_prezeroed: 0,
             frames_total,
@@ -223,6 +232,12 @@ pub struct StatsSnapshot {
     pub prezeroed_made: u64,
     /// Faults that read ahead (mapped a run of following pages).
     pub readaheads: u64,
+    /// Pages migrated to another pool (in their page size).
+    pub migrated_pages: u64,
+    /// 2 MiB blocks of 4 KiB pages collapsed into one huge frame.
+    pub collapses: u64,
+    /// Migration copy chunks done by idle fault workers.
+    pub copy_chunks_helped: u64,
     /// Fault lock statistics (lockstat), summed over the table.
     pub locks: LockStat,
     /// Pool size in 4 KiB frames.
@@ -278,6 +293,11 @@ impl fmt::Display for StatsSnapshot {
             f,
             "reclaim     parked {}, evicted {}, unparked {}, written back {}; read-aheads {}",
             self.parked, self.evicted, self.unparked, self.written_back, self.readaheads
+        )?;
+        writeln!(
+            f,
+            "migration   {} pages migrated, {} collapses, {} copy chunks by idle workers",
+            self.migrated_pages, self.collapses, self.copy_chunks_helped
         )?;
         writeln!(
             f,

@@ -19,7 +19,10 @@
 //! faults is reported (see `fault::service`) — so holding one can never wait
 //! on another fault. Locks are leaves: while one is held only the allocator's
 //! locks, the pool's split lock and the stats histogram lock are taken, and
-//! they are leaves too.
+//! they are leaves too — with two exceptions that cannot wait in a cycle:
+//! read-ahead only *tries* further fault locks, and migration takes several
+//! with [`FaultLocks::lock_all`], always in ascending index order, while
+//! holding none.
 
 use crate::config::LockMode;
 use crossbeam_utils::CachePadded;
@@ -97,7 +100,20 @@ impl FaultLocks {
     /// Takes the lock of `(domain, page)`, counting the acquisition and any
     /// wait.
     pub fn lock(&self, domain: u64, page: u64) -> FaultGuard<'_> {
-        let m = &self.locks[self.index(domain, page)];
+        self.lock_index(self.index(domain, page))
+    }
+
+    /// Takes every lock in `indices` (sorted and deduplicated first, so that
+    /// takers of several locks all go in ascending order and cannot
+    /// deadlock). For migration, which holds a whole 2 MiB block's pages.
+    pub fn lock_all(&self, indices: &mut Vec<usize>) -> Vec<FaultGuard<'_>> {
+        indices.sort_unstable();
+        indices.dedup();
+        indices.iter().map(|&i| self.lock_index(i)).collect()
+    }
+
+    fn lock_index(&self, index: usize) -> FaultGuard<'_> {
+        let m = &self.locks[index & self.mask];
         let mut g = match m.try_lock() {
             Some(g) => g,
             None => {

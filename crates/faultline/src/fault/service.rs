@@ -26,12 +26,13 @@
 //! `exclusive_wake`); the one on the faulting thread's CPU runs first, since
 //! that CPU has just gone idle, and takes the event — the others find nothing
 //! and sleep again. Workers never touch region memory, so they never fault
-//! themselves.
+//! themselves. An idle worker (no event to read) helps with an offered
+//! migration copy, one piece at a time, checking for faults between pieces.
 
 use super::FaultError;
 use crate::config::PageSize;
 use crate::fill::{self, FillSource};
-use crate::frame::Frame;
+use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
@@ -97,6 +98,11 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
         read.clear();
         match core.uffd.read_events(&mut read, batch) {
             Ok(0) => {
+                // Idle: take a piece of an offered migration copy, then look
+                // at the userfaultfd again before the next one.
+                if crate::migrate::help(&core, worker) {
+                    continue;
+                }
                 if !spin.is_zero() && last_event.elapsed() < spin {
                     std::hint::spin_loop();
                     continue;
@@ -259,7 +265,7 @@ fn resolve(
     // content is free to make (zeros), and memory is plentiful (more than a
     // quarter of the pool free: until reclaim exists, pages mapped ahead of
     // use must not starve pages that are asked for), else just this page.
-    let plentiful = core.alloc.free_hint() > core.pool.pages() / 4;
+    let plentiful = core.alloc.free_hint() > core.alloc.pages_in(0) / 4;
     let (first, count) = match region.fault_around_window(page) {
         Some(w)
             if attempt == 0
@@ -428,7 +434,7 @@ fn resolve(
     }
 }
 
-enum MoveFailure {
+pub(crate) enum MoveFailure {
     Exists,
     Sys(SysError),
 }
@@ -468,7 +474,7 @@ fn verify(core: &Core, region: &RegionInner, dst: usize, src: usize, len: usize)
 /// just filled). So every outcome but `Done` is checked against the page
 /// tables ([`verify`]) before it is believed; a failed ioctl wakes nobody, so
 /// a move found done that way is followed by a wake.
-fn move_frame(
+pub(crate) fn move_frame(
     core: &Core,
     region: &RegionInner,
     dst: usize,
@@ -561,13 +567,13 @@ fn move_frame_inner(
     }))
 }
 
-/// Before a 2 MiB move into `[addr, addr + len)`: the fault on this non-THP
-/// range allocated a page table under the PMD, and with it there MOVE would
-/// split the huge frame into 512 pages. `MADV_DONTNEED` on the (empty) range
-/// frees it (`CONFIG_PT_RECLAIM`). The caller holds the page's lock and the
-/// page is not mapped (absent or parked).
-fn drop_empty_page_table(core: &Core, region: &RegionInner, addr: usize, len: usize) {
-    if region.page_size != PageSize::Huge2M {
+/// Before a move of 2 MiB or more into `[addr, addr + len)`: a fault on this
+/// non-THP range allocated a page table under the PMD, and with it there MOVE
+/// would split a huge frame into 512 pages. `MADV_DONTNEED` on the (empty)
+/// range frees it (`CONFIG_PT_RECLAIM`). The caller holds the range's locks
+/// and no page of it is mapped (absent or parked).
+pub(crate) fn drop_empty_page_table(core: &Core, region: &RegionInner, addr: usize, len: usize) {
+    if len < faultline_sys::HUGE_PAGE_SIZE {
         return;
     }
     // SAFETY: the page is not mapped (caller's contract, under its lock): no

@@ -1,6 +1,7 @@
 //! Frames: the pool of populated memory faultline owns ([`pool`]), the buddy
-//! allocator over its pages ([`buddy`]) and the frame allocator with per-CPU
-//! lists in front of it ([`alloc`]).
+//! allocator over its pages ([`buddy`]), the frame allocator with per-CPU
+//! lists in front of it ([`alloc`]), and the split of the pool mapping into
+//! several pools (NUMA nodes, tiers), each with its own allocator ([`pools`]).
 //!
 //! Every frame is in exactly one place at a time:
 //! `free (buddy + per-CPU lists) + in flight (owned by one worker) +
@@ -11,6 +12,8 @@
 pub mod alloc;
 pub mod buddy;
 pub mod pool;
+pub mod pools;
 
 pub use alloc::{AllocConfig, FrameAlloc, FrameAllocator};
 pub use pool::{Frame, Pool, PoolError, HUGE_ORDER, PAGES_PER_HUGE};
+pub use pools::{FramePools, PoolId};

@@ -29,7 +29,7 @@
 //! `split_lock` after the split and read (Acquire) before taking it.
 
 use faultline_sys::host;
-use faultline_sys::mem::{Advice, Mapping};
+use faultline_sys::mem::{Advice, Mapping, PageMap};
 use faultline_sys::uffd::{RegisterMode, Uffd};
 use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
 use parking_lot::{Mutex, MutexGuard};
@@ -116,10 +116,21 @@ impl SplitGuard<'_> {
 }
 
 impl Pool {
-    /// Maps, populates and registers a pool of `bytes` (a multiple of 2 MiB).
-    pub fn new(bytes: usize, uffd: &Uffd) -> Result<Pool, PoolError> {
+    /// Maps, populates and registers a pool mapping made of consecutive
+    /// pools of `parts[i].0` bytes (multiples of 2 MiB), each bound to NUMA
+    /// node `parts[i].1` if it names one (see [`super::pools`]).
+    pub fn new(parts: &[(usize, Option<u32>)], uffd: &Uffd) -> Result<Pool, PoolError> {
+        let bytes: usize = parts.iter().map(|p| p.0).sum();
         debug_assert!(bytes % HUGE_PAGE_SIZE == 0 && bytes > 0);
         let map = Mapping::anonymous(bytes, HUGE_PAGE_SIZE)?;
+        let mut at = map.addr();
+        for &(len, node) in parts {
+            if let Some(node) = node {
+                // Before populating: the policy decides where pages come from.
+                map.bind_node(at, len, node)?;
+            }
+            at += len;
+        }
         let thp =
             host::thp_mode().usable() && map.advise(map.addr(), bytes, Advice::HugePage).is_ok();
         // Frames must stay exclusive to this process for UFFDIO_MOVE: a child
@@ -233,6 +244,36 @@ impl Pool {
         // Re-check: the holder before us may have split it.
         flag.load(Ordering::Acquire)
             .then_some(SplitGuard { flag, _lock: lock })
+    }
+
+    /// Makes the 2 MiB block of `frame` (an in-flight order-9 frame) one
+    /// PMD-mapped THP if it is not (`MADV_COLLAPSE`, which copies the block
+    /// into a new huge page), so that it moves into a region as one PMD.
+    /// Asks the page tables (`PAGEMAP_SCAN`), not `pmd_mapped`: that bit can
+    /// stay set for a block that went into a region whole and came back page
+    /// by page. Returns whether the block is PMD-mapped now.
+    pub fn make_huge(&self, frame: &Frame) -> bool {
+        if frame.order() != HUGE_ORDER || !self.thp {
+            return false;
+        }
+        let addr = self.addr_of(frame);
+        let huge = |pm: &PageMap| {
+            pm.huge_bytes(addr, addr + HUGE_PAGE_SIZE)
+                .is_ok_and(|b| b == HUGE_PAGE_SIZE)
+        };
+        let Ok(pm) = PageMap::open() else {
+            return false;
+        };
+        let flag = &self.pmd_mapped[frame.index() as usize / PAGES_PER_HUGE];
+        let ok = huge(&pm)
+            || (self
+                .map
+                .advise(addr, HUGE_PAGE_SIZE, Advice::Collapse)
+                .is_ok()
+                && huge(&pm));
+        // Release pairs with the Acquire loads in `split_guard`.
+        flag.store(ok, Ordering::Release);
+        ok
     }
 
     /// Whether the pool page at `addr` is populated (a frame's slot is a hole

@@ -1,0 +1,260 @@
+//! Several frame pools over one pool mapping: one per NUMA node, or memory
+//! tiers on a one-node machine (issue 8, seed 001).
+//!
+//! The pool mapping ([`super::Pool`]) is cut into consecutive *pools*, each a
+//! multiple of 2 MiB and, where it names a node, bound to that node with
+//! `mbind` before it is populated. Pool `p` owns the frame indices
+//! `[base(p), base(p) + pages(p))` and has its own [`FrameAlloc`] (buddy and
+//! per-CPU lists) over them, working in pool-local indices:
+//! `global index = base(p) + local index`. Since every base is a multiple of
+//! 512, a frame's natural alignment is the same in both.
+//!
+//! Pool 0 is the budget: faults, fault-around, read-ahead and the pre-zeroed
+//! reserve take frames from it ([`FrameAllocator::alloc`] means pool 0), and
+//! reclaim's watermarks are about it. Pages reach another pool only by
+//! migration (`Region::migrate`). Every free goes to the pool that owns the
+//! frame, found from its index; pool 0 has base 0, so the fault path's
+//! alloc and free pay one comparison for this.
+//!
+//! Invariant, for each pool: `free(p) + outstanding(p) = pages(p)` (each
+//! allocator checks its own), and so `sum free + outstanding = pool pages`.
+//!
+//! Locks: only those of the per-pool allocators, never two pools' at once.
+
+use super::alloc::{AllocConfig, FrameAlloc, FrameAllocator};
+use super::pool::Frame;
+
+/// A pool's number: 0 is the budget (the pool faults allocate from).
+pub type PoolId = usize;
+
+#[derive(Debug)]
+struct Part {
+    base: u32,
+    pages: usize,
+    alloc: FrameAlloc,
+}
+
+/// The allocators of every pool. See the module docs.
+#[derive(Debug)]
+pub struct FramePools {
+    parts: Vec<Part>,
+}
+
+impl FramePools {
+    /// Pools of `pages[i]` 4 KiB pages each (multiples of 512), laid out in
+    /// order from index 0, all free.
+    pub fn new(pages: &[usize], config: AllocConfig) -> FramePools {
+        let mut base = 0usize;
+        let parts = pages
+            .iter()
+            .map(|&n| {
+                debug_assert!(n % super::PAGES_PER_HUGE == 0 && n > 0);
+                let p = Part {
+                    base: base as u32,
+                    pages: n,
+                    alloc: FrameAlloc::new(n, config),
+                };
+                base += n;
+                p
+            })
+            .collect();
+        FramePools { parts }
+    }
+
+    /// Number of pools.
+    pub fn count(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The pool that owns frame index `index`.
+    pub fn pool_of(&self, index: u32) -> PoolId {
+        // Few pools: a scan from the top (pool 0 has base 0, so it always
+        // matches last).
+        self.parts
+            .iter()
+            .rposition(|p| p.base <= index)
+            .unwrap_or(0)
+    }
+
+    /// Pages of pool `pool`.
+    pub fn pages_in(&self, pool: PoolId) -> usize {
+        self.parts.get(pool).map_or(0, |p| p.pages)
+    }
+
+    /// Free pages of pool `pool`.
+    pub fn free_pages_in(&self, pool: PoolId) -> usize {
+        self.parts.get(pool).map_or(0, |p| p.alloc.free_pages())
+    }
+
+    /// A frame of `order` from pool `pool`, or `None` if it has no free run
+    /// that large (or there is no such pool).
+    pub fn alloc_in(&self, pool: PoolId, order: u8) -> Option<Frame> {
+        let p = self.parts.get(pool)?;
+        let f = p.alloc.alloc(order)?;
+        Some(globalize(p.base, f))
+    }
+
+    /// Up to `n` frames of `order` from pool `pool`, appended to `out`
+    /// (contiguous runs preferred); returns how many.
+    pub fn alloc_bulk_in(&self, pool: PoolId, order: u8, n: usize, out: &mut Vec<Frame>) -> usize {
+        let Some(p) = self.parts.get(pool) else {
+            return 0;
+        };
+        let start = out.len();
+        let got = p.alloc.alloc_bulk(order, n, out);
+        if p.base != 0 {
+            for f in &mut out[start..] {
+                let g = Frame::from_parts(f.index() + p.base, f.order());
+                *f = g;
+            }
+        }
+        got
+    }
+}
+
+fn globalize(base: u32, f: Frame) -> Frame {
+    if base == 0 {
+        f
+    } else {
+        Frame::from_parts(f.index() + base, f.order())
+    }
+}
+
+impl FrameAllocator for FramePools {
+    #[inline]
+    fn alloc(&self, order: u8) -> Option<Frame> {
+        // Pool 0 has base 0: its frames are already global.
+        self.parts[0].alloc.alloc(order)
+    }
+
+    #[inline]
+    fn free(&self, frame: Frame) {
+        let first = &self.parts[0];
+        if (frame.index() as usize) < first.pages {
+            return first.alloc.free(frame);
+        }
+        let p = &self.parts[self.pool_of(frame.index())];
+        p.alloc
+            .free(Frame::from_parts(frame.index() - p.base, frame.order()));
+    }
+
+    fn alloc_bulk(&self, order: u8, n: usize, out: &mut Vec<Frame>) -> usize {
+        self.parts[0].alloc.alloc_bulk(order, n, out)
+    }
+
+    fn free_bulk(&self, frames: &mut Vec<Frame>) {
+        if self.parts.len() == 1 || frames.iter().all(|f| self.pool_of(f.index()) == 0) {
+            return self.parts[0].alloc.free_bulk(frames);
+        }
+        let mut by_pool: Vec<Vec<Frame>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
+        for f in frames.drain(..) {
+            let i = self.pool_of(f.index());
+            let base = self.parts[i].base;
+            by_pool[i].push(Frame::from_parts(f.index() - base, f.order()));
+        }
+        for (p, mut v) in self.parts.iter().zip(by_pool) {
+            p.alloc.free_bulk(&mut v);
+        }
+    }
+
+    fn free_pages(&self) -> usize {
+        self.parts.iter().map(|p| p.alloc.free_pages()).sum()
+    }
+
+    fn free_hint(&self) -> usize {
+        self.parts[0].alloc.free_hint()
+    }
+
+    fn check(&self) {
+        for p in &self.parts {
+            p.alloc.check();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pools(sizes: &[usize]) -> FramePools {
+        FramePools::new(
+            sizes,
+            AllocConfig {
+                pcp: true,
+                batch: 8,
+                high: 32,
+                cpus: 2,
+            },
+        )
+    }
+
+    #[test]
+    fn frames_come_from_and_return_to_their_pool() {
+        let p = pools(&[512, 1024]);
+        let a = p.alloc(0).expect("pool 0 frame");
+        assert_eq!(p.pool_of(a.index()), 0);
+        let b = p.alloc_in(1, 9).expect("pool 1 huge frame");
+        assert!(b.index() >= 512 && b.index() % 512 == 0);
+        assert_eq!(p.pool_of(b.index()), 1);
+        assert_eq!(p.free_pages_in(1), 512);
+        p.free(b);
+        p.free(a);
+        assert_eq!(p.free_pages_in(1), 1024);
+        assert_eq!(p.free_pages(), 1536);
+        assert!(p.alloc_in(2, 0).is_none(), "no pool 2");
+        p.check();
+    }
+
+    #[test]
+    fn a_full_pool_does_not_borrow_from_another() {
+        let p = pools(&[512, 512]);
+        let mut got = Vec::new();
+        assert_eq!(p.alloc_bulk_in(1, 0, 600, &mut got), 512);
+        assert!(p.alloc_in(1, 0).is_none());
+        assert!(got.iter().all(|f| p.pool_of(f.index()) == 1));
+        assert!(p.alloc(0).is_some_and(|f| {
+            p.free(f);
+            true
+        }));
+        p.free_bulk(&mut got);
+        assert_eq!(p.free_pages(), 1024);
+        p.check();
+    }
+
+    proptest! {
+        /// Against an oracle (a set of held global indices per pool): frames
+        /// never overlap, always lie in the pool asked for, and every page
+        /// comes back.
+        #[test]
+        fn pools_oracle(ops in proptest::collection::vec((0usize..3, 0u8..4, any::<bool>()), 1..200)) {
+            let sizes = [512usize, 1024, 512];
+            let p = pools(&sizes);
+            let bases = [0u32, 512, 1536];
+            let mut held: Vec<Frame> = Vec::new();
+            let mut owned = std::collections::HashSet::new();
+            for (pool, order, free) in ops {
+                if free && !held.is_empty() {
+                    let f = held.swap_remove(pool % held.len());
+                    for i in 0..f.pages() as u32 {
+                        prop_assert!(owned.remove(&(f.index() + i)));
+                    }
+                    p.free(f);
+                } else if let Some(f) = p.alloc_in(pool, order) {
+                    prop_assert_eq!(p.pool_of(f.index()), pool);
+                    prop_assert!(f.index() >= bases[pool]);
+                    prop_assert!((f.index() as usize + f.pages()) <= bases[pool] as usize + sizes[pool]);
+                    for i in 0..f.pages() as u32 {
+                        prop_assert!(owned.insert(f.index() + i), "frame handed out twice");
+                    }
+                    held.push(f);
+                }
+            }
+            let out: usize = held.iter().map(|f| f.pages()).sum();
+            prop_assert_eq!(p.free_pages() + out, 2048);
+            p.free_bulk(&mut held);
+            prop_assert_eq!(p.free_pages(), 2048);
+            p.check();
+        }
+    }
+}

@@ -1,0 +1,805 @@
+//! Migration between pools and huge-page collapse, with a parallel copy
+//! (seed 001: Zi Yan's multi-threaded page migration, and Mel Gorman's review
+//! — make the serial copy fast first, and do not take CPUs from others).
+//!
+//! Protocol for a batch of pages (one page of a 2 MiB region, or up to 512
+//! pages of one 2 MiB block of a 4 KiB region), as in the kernel:
+//! 1. take every fault lock of the batch ([`FaultLocks::lock_all`], ascending);
+//! 2. allocate every new frame in the target pool first — a pool without room
+//!    fails the batch before anything moved ([`MigrateError::PoolFull`]);
+//! 3. move each resident page out of the region into its old frame's pool
+//!    slot (`UFFDIO_MOVE`, runs of consecutive frames in one call): from now
+//!    on a touch faults and its worker waits on the lock;
+//! 4. copy old → new frame ([`copy`]);
+//! 5. record the new frame, move it in (waking the waiters) — a parked page
+//!    just stays parked in its new frame;
+//! 6. free the old frames.
+//!
+//! Collapse is the same protocol with one order-9 frame as the target of all
+//! 512 pages of a block, moved in as one PMD (`MADV_COLLAPSE` first re-forms
+//! the pool block's THP if a 4 KiB move had split it).
+//!
+//! Invariants: a page's data is at every moment in exactly one of: the
+//! region (resident), its old frame's slot (moved out), its new frame's slot
+//! (copied, not yet moved in); `free + in flight + mapped + parked = pool
+//! pages` holds at every lock release. A failure after step 3 leaves the page
+//! *parked* in whichever frame holds its data, a state the fault path already
+//! serves; nothing is lost.
+//!
+//! The copy ([`CopyJob`]): pieces of at most `migrate_chunk` bytes. The
+//! migrating thread copies pieces itself; with `threads > 1` it also offers
+//! the job to the fault workers, and up to `threads - 1` of them take a piece
+//! whenever they find no fault to serve (`fault::service::run_worker` checks
+//! the userfaultfd before every piece), so a fault waits at most one piece.
+//!
+//! Locks: the fault locks of the batch, then leaf locks (allocator, copy-job
+//! list, the pool's split lock). The job list's mutex is a leaf.
+
+use crate::config::{CopyMethod, PageSize};
+use crate::fault::service::{self, MoveFailure};
+use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
+use crate::manager::Core;
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use faultline_sys::mem::PageMap;
+use faultline_sys::uffd::Resolved;
+use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Why a migration or collapse did not (wholly) happen.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The target pool does not exist.
+    #[error("no pool {pool}: this manager has {pools}")]
+    NoSuchPool {
+        /// The pool asked for.
+        pool: PoolId,
+        /// How many pools there are.
+        pools: usize,
+    },
+    /// The target pool has no room; nothing of this batch was moved.
+    #[error("pool {pool} has no room for {pages} more 4 KiB pages (batch at {addr:#x}); the data stays where it was")]
+    PoolFull {
+        /// The target pool.
+        pool: PoolId,
+        /// First address of the batch that did not fit.
+        addr: usize,
+        /// 4 KiB pages the batch needed.
+        pages: usize,
+    },
+    /// The byte range is not inside the region.
+    #[error("range {start:#x}..{end:#x} is not inside the region")]
+    OutOfRange {
+        /// Start offset.
+        start: usize,
+        /// End offset.
+        end: usize,
+    },
+    /// Collapse needs a 4 KiB-page region and whole 2 MiB blocks.
+    #[error("cannot collapse at {addr:#x}: {what}")]
+    NotCollapsible {
+        /// The block's address.
+        addr: usize,
+        /// Why.
+        what: &'static str,
+    },
+    /// A page of a block to collapse is not resident.
+    #[error("page {addr:#x} is not resident: collapse needs all 512 pages of its block")]
+    NotResident {
+        /// The page.
+        addr: usize,
+    },
+    /// A move failed; the page's data is safe (parked or unmoved).
+    #[error("moving page {addr:#x}: {source}")]
+    Move {
+        /// The page.
+        addr: usize,
+        /// The ioctl's error.
+        #[source]
+        source: SysError,
+    },
+}
+
+/// How a migration copies (defaults from the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyPlan {
+    /// The copy instruction granularity.
+    pub method: CopyMethod,
+    /// Threads sharing the copy (the caller plus idle workers).
+    pub threads: usize,
+    /// Bytes per piece handed to a worker.
+    pub chunk: usize,
+}
+
+/// What a call did, and how long its parts took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// Pages (of the region's page size) now in the target pool that were
+    /// not before.
+    pub pages: usize,
+    /// Bytes copied.
+    pub bytes: usize,
+    /// Nanoseconds spent copying (the parallel part).
+    pub copy_ns: u64,
+    /// Nanoseconds in total.
+    pub total_ns: u64,
+}
+
+// ---------------------------------------------------------------- copying --
+
+/// Copies `src` to `dst` as one large copy: SSE2 streaming stores for 64 KiB
+/// and more (the destination is not what this thread touches next), else
+/// `memcpy`.
+pub fn copy_large(dst: &mut [u8], src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= 64 << 10
+        && dst.len() == src.len()
+        && dst.len() % 64 == 0
+        && (dst.as_ptr() as usize) % 16 == 0
+        && (src.as_ptr() as usize) % 16 == 0
+    {
+        copy_nontemporal(dst, src);
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// The pre-seed baseline: one `memcpy` call per 4 KiB page.
+pub fn copy_per_page(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst.chunks_mut(PAGE_SIZE).zip(src.chunks(PAGE_SIZE)) {
+        d.copy_from_slice(s);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_sfence, _mm_stream_si128};
+    debug_assert!(dst.len() == src.len() && dst.len() % 64 == 0);
+    let d = dst.as_mut_ptr().cast::<__m128i>();
+    let s = src.as_ptr().cast::<__m128i>();
+    let mut i = 0;
+    while i < dst.len() / 16 {
+        // SAFETY: `i..i + 4` lies inside both slices (lengths are equal
+        // multiples of 64 and i steps by 4 vectors), both are 16-byte aligned
+        // (checked by the caller), `dst` is held exclusively, and SSE2 is
+        // part of the x86_64 baseline.
+        unsafe {
+            let a = _mm_load_si128(s.add(i));
+            let b = _mm_load_si128(s.add(i + 1));
+            let c = _mm_load_si128(s.add(i + 2));
+            let e = _mm_load_si128(s.add(i + 3));
+            _mm_stream_si128(d.add(i), a);
+            _mm_stream_si128(d.add(i + 1), b);
+            _mm_stream_si128(d.add(i + 2), c);
+            _mm_stream_si128(d.add(i + 3), e);
+        }
+        i += 4;
+    }
+    // SAFETY: sfence only orders stores: the streamed bytes are globally
+    // visible before the frame is moved or the piece reported done.
+    unsafe { _mm_sfence() };
+}
+
+/// One piece of a copy: `len` bytes from pool address `src` to `dst`.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    src: usize,
+    dst: usize,
+    len: usize,
+}
+
+/// A copy shared between the migrating thread and idle workers.
+#[derive(Debug)]
+pub(crate) struct CopyJob {
+    pieces: Vec<Piece>,
+    method: CopyMethod,
+    /// Next piece to claim (Relaxed: a claim counter; the pieces themselves
+    /// were published with the job under the job list's mutex).
+    next: AtomicUsize,
+    /// Pieces finished. Release by the finisher, after its stores; pairs
+    /// with the Acquire in [`CopyJob::wait`].
+    done: AtomicUsize,
+    /// Bit `w` set once worker `w` joined; at most `max_helpers` bits.
+    joined: AtomicU64,
+    max_helpers: u32,
+}
+
+impl CopyJob {
+    /// Claims and copies one piece; false when none is left.
+    fn run_one(&self) -> bool {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        let Some(p) = self.pieces.get(i) else {
+            return false;
+        };
+        // SAFETY: the job's owner holds both frames of every piece in flight
+        // (moved out under their fault locks, or freshly allocated) and does
+        // not touch a piece until `done` counts it; each piece is claimed by
+        // exactly one thread (the fetch_add above) and pieces do not overlap.
+        // Pool slots of in-flight frames are populated, so no access faults.
+        let (dst, src) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(p.dst as *mut u8, p.len),
+                std::slice::from_raw_parts(p.src as *const u8, p.len),
+            )
+        };
+        match self.method {
+            CopyMethod::PerPage => copy_per_page(dst, src),
+            CopyMethod::Chunked => copy_large(dst, src),
+        }
+        self.done.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    fn has_work(&self) -> bool {
+        self.next.load(Ordering::Relaxed) < self.pieces.len()
+    }
+
+    /// Whether worker `w` may take a piece (it joined already, or a helper
+    /// slot is free, which it then takes).
+    fn may_join(&self, w: usize) -> bool {
+        let bit = 1u64 << (w % 64);
+        let mut cur = self.joined.load(Ordering::Relaxed);
+        loop {
+            if cur & bit != 0 {
+                return true;
+            }
+            if cur.count_ones() >= self.max_helpers {
+                return false;
+            }
+            match self.joined.compare_exchange_weak(
+                cur,
+                cur | bit,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Waits until every piece is done (pieces in other threads' hands take
+    /// at most one chunk's time).
+    fn wait(&self) {
+        let mut spins = 0u32;
+        // Acquire pairs with the Release in `run_one`: the helpers' stores
+        // happen before the frames move.
+        while self.done.load(Ordering::Acquire) < self.pieces.len() {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Called by a fault worker that found no event: copies one piece of an
+/// offered job, if any may be taken. Returns whether it did.
+pub(crate) fn help(core: &Core, worker: usize) -> bool {
+    // Acquire pairs with the Release increment in `run_copy`; a stale zero
+    // just means this worker sleeps and the owner copies alone.
+    if core.copy_pending.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let job = core
+        .copy_jobs
+        .lock()
+        .iter()
+        .find(|j| j.has_work() && j.may_join(worker))
+        .cloned();
+    match job {
+        Some(j) if j.run_one() => {
+            Stats::bump(&core.stats.copy_chunks_helped);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Copies `runs` (pool address pairs and lengths) by `plan`; returns the
+/// nanoseconds it took.
+fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
+    let t = Instant::now();
+    if plan.threads <= 1 {
+        for r in runs {
+            // SAFETY: as in `CopyJob::run_one`; here this thread alone copies.
+            let (dst, src) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(r.dst as *mut u8, r.len),
+                    std::slice::from_raw_parts(r.src as *const u8, r.len),
+                )
+            };
+            match plan.method {
+                CopyMethod::PerPage => copy_per_page(dst, src),
+                CopyMethod::Chunked => copy_large(dst, src),
+            }
+        }
+        return t.elapsed().as_nanos() as u64;
+    }
+    let mut pieces = Vec::new();
+    for r in runs {
+        let mut off = 0;
+        while off < r.len {
+            let len = plan.chunk.min(r.len - off);
+            pieces.push(Piece {
+                src: r.src + off,
+                dst: r.dst + off,
+                len,
+            });
+            off += len;
+        }
+    }
+    let job = Arc::new(CopyJob {
+        pieces,
+        method: plan.method,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        joined: AtomicU64::new(0),
+        max_helpers: (plan.threads - 1) as u32,
+    });
+    core.copy_jobs.lock().push(Arc::clone(&job));
+    // Release pairs with the Acquire in `help`.
+    core.copy_pending.fetch_add(1, Ordering::Release);
+    if let Err(e) = core.deferred_fd.signal() {
+        // No helper will come; the owner copies alone.
+        core.record(crate::FaultError::Events(e));
+    }
+    while job.run_one() {}
+    job.wait();
+    core.copy_jobs.lock().retain(|j| !Arc::ptr_eq(j, &job));
+    core.copy_pending.fetch_sub(1, Ordering::Relaxed);
+    t.elapsed().as_nanos() as u64
+}
+
+// --------------------------------------------------------------- protocol --
+
+/// One page to move: its index, its old frame, whether it was resident
+/// (else parked).
+#[derive(Debug, Clone, Copy)]
+struct Todo {
+    page: usize,
+    old: u32,
+    resident: bool,
+}
+
+/// Migrates the pages `pages` of `r` to pool `pool`.
+pub(crate) fn migrate(
+    core: &Core,
+    r: &RegionInner,
+    pages: std::ops::Range<usize>,
+    pool: PoolId,
+    plan: CopyPlan,
+) -> Result<MigrateReport, MigrateError> {
+    if pool >= core.alloc.count() {
+        return Err(MigrateError::NoSuchPool {
+            pool,
+            pools: core.alloc.count(),
+        });
+    }
+    let t0 = Instant::now();
+    let mut report = MigrateReport::default();
+    let per_batch = match r.page_size {
+        PageSize::Huge2M => 1,
+        PageSize::Base4K => PAGES_PER_HUGE,
+    };
+    let mut p = pages.start;
+    while p < pages.end {
+        let end = ((p / per_batch + 1) * per_batch).min(pages.end);
+        migrate_batch(core, r, p..end, pool, plan, &mut report)?;
+        p = end;
+    }
+    report.total_ns = t0.elapsed().as_nanos() as u64;
+    Ok(report)
+}
+
+fn lock_batch<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    batch: std::ops::Range<usize>,
+) -> Vec<crate::fault::locks::FaultGuard<'a>> {
+    let mut idx: Vec<usize> = batch
+        .map(|p| {
+            let (d, k) = r.lock_key(p);
+            core.locks.index(d, k)
+        })
+        .collect();
+    core.locks.lock_all(&mut idx)
+}
+
+fn migrate_batch(
+    core: &Core,
+    r: &RegionInner,
+    batch: std::ops::Range<usize>,
+    pool: PoolId,
+    plan: CopyPlan,
+    report: &mut MigrateReport,
+) -> Result<(), MigrateError> {
+    let _guards = lock_batch(core, r, batch.clone());
+    if r.dying() {
+        return Ok(());
+    }
+    let mut todo: Vec<Todo> = batch
+        .filter_map(|page| match r.state(page) {
+            PageState::Resident(f) if core.alloc.pool_of(f) != pool => Some(Todo {
+                page,
+                old: f,
+                resident: true,
+            }),
+            PageState::Parked(f) if core.alloc.pool_of(f) != pool => Some(Todo {
+                page,
+                old: f,
+                resident: false,
+            }),
+            _ => None,
+        })
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let order = r.page_size.order();
+    let mut new = Vec::with_capacity(todo.len());
+    if core.alloc.alloc_bulk_in(pool, order, todo.len(), &mut new) < todo.len() {
+        let pages = todo.len() << order;
+        core.alloc.free_bulk(&mut new);
+        return Err(MigrateError::PoolFull {
+            pool,
+            addr: r.page_addr(todo[0].page),
+            pages,
+        });
+    }
+    new.sort_unstable_by_key(Frame::index);
+    move_out(core, r, &mut todo);
+    if todo.len() < new.len() {
+        // Pages that could not be moved out stay where they are.
+        let mut spare = new.split_off(todo.len());
+        core.alloc.free_bulk(&mut spare);
+    }
+    let unit = r.page_size.bytes();
+    let per_unit = (unit / PAGE_SIZE) as u32;
+    let pairs: Vec<(u32, u32)> = todo
+        .iter()
+        .zip(&new)
+        .map(|(t, f)| (t.old, f.index()))
+        .collect();
+    report.copy_ns += run_copy(core, &runs(core, &pairs, unit, per_unit), plan);
+    report.bytes += todo.len() * unit;
+    // Move the new frames in: runs of consecutive resident pages whose new
+    // frames are consecutive go in one move.
+    let mut first_err = None;
+    let mut i = 0;
+    while i < todo.len() {
+        let t = todo[i];
+        if !t.resident {
+            r.set_state(t.page, PageState::Parked(new[i].index()));
+            i += 1;
+            continue;
+        }
+        let mut n = 1;
+        while i + n < todo.len()
+            && todo[i + n].resident
+            && todo[i + n].page == t.page + n
+            && new[i + n].index() == new[i].index() + n as u32 * per_unit
+        {
+            n += 1;
+        }
+        if let Err(e) = move_in(core, r, t.page, new[i].index(), n, order) {
+            first_err.get_or_insert(e);
+        }
+        i += n;
+    }
+    report.pages += todo.len();
+    core.stats
+        .migrated_pages
+        .fetch_add(todo.len() as u64, Ordering::Relaxed);
+    let mut old: Vec<Frame> = todo
+        .iter()
+        .map(|t| Frame::from_parts(t.old, order))
+        .collect();
+    for f in old.iter().chain(&new) {
+        core.pool.set_zeroed(f, false);
+    }
+    core.alloc.free_bulk(&mut old);
+    // The `new` frames now belong to their pages (resident or parked): the
+    // region's page states record them.
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Copy runs for `(old, new)` frame index pairs: consecutive pairs whose old
+/// and new frames both continue a run are merged (fault-around runs and
+/// collapsed blocks copy as one piece).
+fn runs(core: &Core, pairs: &[(u32, u32)], unit: usize, per_unit: u32) -> Vec<Piece> {
+    let mut out: Vec<Piece> = Vec::new();
+    let mut last: Option<(u32, u32)> = None;
+    for &(o, n) in pairs {
+        match (last, out.last_mut()) {
+            (Some((lo, ln)), Some(run)) if o == lo + per_unit && n == ln + per_unit => {
+                run.len += unit;
+            }
+            _ => out.push(Piece {
+                src: core.pool.slot_addr(o),
+                dst: core.pool.slot_addr(n),
+                len: unit,
+            }),
+        }
+        last = Some((o, n));
+    }
+    out
+}
+
+/// Moves the resident pages of `todo` out of the region into their old
+/// frames' slots (runs of consecutive pages with consecutive frames in one
+/// move; a run that does not move whole is retried page by page). A page
+/// that cannot be moved out is dropped from `todo`: it stays resident in its
+/// old frame. Caller holds the pages' locks.
+fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
+    let unit = r.page_size.bytes();
+    let per_unit = (unit / PAGE_SIZE) as u32;
+    let mut keep = vec![true; todo.len()];
+    let mut i = 0;
+    while i < todo.len() {
+        let t = todo[i];
+        if !t.resident {
+            i += 1;
+            continue;
+        }
+        let mut n = 1;
+        while i + n < todo.len()
+            && todo[i + n].resident
+            && todo[i + n].page == t.page + n
+            && todo[i + n].old == t.old + n as u32 * per_unit
+        {
+            n += 1;
+        }
+        let slot = core.pool.slot_addr(t.old);
+        // SAFETY: the pages are resident under their locks and their frames'
+        // slots are the holes they left; faultline holds no reference into
+        // either range.
+        let whole = unsafe {
+            core.uffd
+                .move_pages(slot, r.page_addr(t.page), n * unit, true, false)
+        };
+        if !matches!(whole, Ok(Resolved::Done)) {
+            for j in i..i + n {
+                keep[j] = move_out_one(core, r, todo[j]);
+            }
+        }
+        i += n;
+    }
+    let mut k = keep.iter();
+    todo.retain(|_| k.next().copied().unwrap_or(false));
+}
+
+/// One page out to its slot, trusting the page tables over the ioctl (see
+/// `fault::service::move_frame`). Returns whether it is out.
+fn move_out_one(core: &Core, r: &RegionInner, t: Todo) -> bool {
+    let unit = r.page_size.bytes();
+    let addr = r.page_addr(t.page);
+    let slot = core.pool.slot_addr(t.old);
+    let out = |core: &Core| {
+        !r.map.is_resident(addr, PAGE_SIZE).unwrap_or(true)
+            && core.pool.slot_present(slot)
+            && core.pool.slot_present(slot + unit - PAGE_SIZE)
+    };
+    if out(core) {
+        return true;
+    }
+    for _ in 0..8 {
+        // SAFETY: as in `move_out`; this page alone.
+        let moved = unsafe { core.uffd.move_pages(slot, addr, unit, true, false) };
+        if matches!(moved, Ok(Resolved::Done)) || out(core) {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    false
+}
+
+/// Records `n` pages from `page` as resident in the frames from `first` and
+/// moves them in (waking their waiters). On failure they are recorded as
+/// parked in those frames, where their data is.
+fn move_in(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    first: u32,
+    n: usize,
+    order: u8,
+) -> Result<(), MigrateError> {
+    let unit = r.page_size.bytes();
+    let per_unit = (unit / PAGE_SIZE) as u32;
+    let addr = r.page_addr(page);
+    let len = n * unit;
+    for i in 0..n {
+        r.set_state(page + i, PageState::Resident(first + i as u32 * per_unit));
+    }
+    service::drop_empty_page_table(core, r, addr, len);
+    let lead = Frame::from_parts(first, order);
+    let split = if len < HUGE_PAGE_SIZE {
+        core.pool.split_guard(&lead)
+    } else {
+        None
+    };
+    let moved = service::move_frame(core, r, addr, core.pool.slot_addr(first), len);
+    match moved {
+        Ok(()) => {
+            if let Some(g) = split {
+                g.mark_split();
+            }
+            Ok(())
+        }
+        Err(e) => {
+            for i in 0..n {
+                r.set_state(page + i, PageState::Parked(first + i as u32 * per_unit));
+            }
+            // The waiters refault and unpark.
+            let _ = core.uffd.wake(addr, len);
+            let source = match e {
+                MoveFailure::Sys(e) => e,
+                MoveFailure::Exists => SysError {
+                    op: "UFFDIO_MOVE",
+                    addr,
+                    len,
+                    errno: libc::EEXIST,
+                },
+            };
+            Err(MigrateError::Move { addr, source })
+        }
+    }
+}
+
+/// Collapses the 512 pages of the 2 MiB block at page `first` of a 4 KiB
+/// region into one order-9 frame of pool `pool`, mapped as one PMD where the
+/// kernel allows. Returns false if the block already sat in one such frame,
+/// mapped by one PMD.
+pub(crate) fn collapse(
+    core: &Core,
+    r: &RegionInner,
+    first: usize,
+    pool: PoolId,
+    plan: CopyPlan,
+    report: &mut MigrateReport,
+) -> Result<bool, MigrateError> {
+    let addr = r.page_addr(first);
+    if pool >= core.alloc.count() {
+        return Err(MigrateError::NoSuchPool {
+            pool,
+            pools: core.alloc.count(),
+        });
+    }
+    if r.page_size != PageSize::Base4K {
+        return Err(MigrateError::NotCollapsible {
+            addr,
+            what: "the region already has 2 MiB pages",
+        });
+    }
+    if first % PAGES_PER_HUGE != 0 || first + PAGES_PER_HUGE > r.pages() {
+        return Err(MigrateError::NotCollapsible {
+            addr,
+            what: "not a whole 2 MiB block of the region",
+        });
+    }
+    let block = first..first + PAGES_PER_HUGE;
+    let _guards = lock_batch(core, r, block.clone());
+    if r.dying() {
+        return Ok(false);
+    }
+    let mut todo = Vec::with_capacity(PAGES_PER_HUGE);
+    for page in block.clone() {
+        match r.state(page) {
+            PageState::Resident(f) => todo.push(Todo {
+                page,
+                old: f,
+                resident: true,
+            }),
+            PageState::Parked(f) => todo.push(Todo {
+                page,
+                old: f,
+                resident: false,
+            }),
+            PageState::Absent | PageState::Poisoned => {
+                return Err(MigrateError::NotResident {
+                    addr: r.page_addr(page),
+                })
+            }
+        }
+    }
+    let base = todo[0].old;
+    if base % PAGES_PER_HUGE as u32 == 0
+        && core.alloc.pool_of(base) == pool
+        && todo
+            .iter()
+            .enumerate()
+            .all(|(i, t)| t.resident && t.old == base + i as u32)
+        && PageMap::open()
+            .and_then(|pm| pm.huge_bytes(addr, addr + HUGE_PAGE_SIZE))
+            .is_ok_and(|b| b == HUGE_PAGE_SIZE)
+    {
+        // Already one frame, mapped by one PMD.
+        return Ok(false);
+    }
+    let Some(huge) = core.alloc.alloc_in(pool, HUGE_ORDER) else {
+        return Err(MigrateError::PoolFull {
+            pool,
+            addr,
+            pages: PAGES_PER_HUGE,
+        });
+    };
+    // Before anything moves: re-form the block's THP if it was split (a
+    // copy inside the pool; the frame is ours and holds nothing yet).
+    core.pool.make_huge(&huge);
+    let t = todo.len();
+    move_out(core, r, &mut todo);
+    if todo.len() < t {
+        // Some page would not move out: put back those that did, give up.
+        for x in &todo {
+            if x.resident {
+                if let Err(e) = move_in(core, r, x.page, x.old, 1, 0) {
+                    core.record(crate::FaultError::Inconsistent {
+                        addr: r.page_addr(x.page),
+                        what: "collapse could not move a page back (left parked)",
+                    });
+                    let _ = e;
+                }
+            }
+        }
+        core.alloc.free(huge);
+        return Err(MigrateError::NotCollapsible {
+            addr,
+            what: "a page of the block could not be moved out",
+        });
+    }
+    let pairs: Vec<(u32, u32)> = todo
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (x.old, huge.index() + i as u32))
+        .collect();
+    report.copy_ns += run_copy(core, &runs(core, &pairs, PAGE_SIZE, 1), plan);
+    report.bytes += HUGE_PAGE_SIZE;
+    let g = huge.index();
+    let result = move_in(core, r, first, g, PAGES_PER_HUGE, 0);
+    let mut old: Vec<Frame> = todo.iter().map(|x| Frame::from_parts(x.old, 0)).collect();
+    for f in &old {
+        core.pool.set_zeroed(f, false);
+    }
+    core.pool.set_zeroed(&huge, false);
+    core.alloc.free_bulk(&mut old);
+    // The huge frame now belongs to the block's 512 pages (one order-0
+    // frame each, as the region records them); `huge` goes out of scope.
+    report.pages += PAGES_PER_HUGE;
+    Stats::bump(&core.stats.collapses);
+    result.map(|()| true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_exact() {
+        let src: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 7 + 3) as u8).collect();
+        // 16-byte aligned buffers: Vec<u128> storage.
+        let mut a = vec![0u128; (1 << 20) / 16];
+        let mut s = vec![0u128; (1 << 20) / 16];
+        // SAFETY: u128 storage viewed as bytes, same length, exclusive.
+        let (dst, srcb) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(a.as_mut_ptr().cast::<u8>(), 1 << 20),
+                std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), 1 << 20),
+            )
+        };
+        srcb.copy_from_slice(&src);
+        copy_large(dst, srcb);
+        assert!(dst == &src[..]);
+        dst.fill(0);
+        copy_per_page(dst, srcb);
+        assert!(dst == &src[..]);
+        // Small and unaligned: the memcpy path.
+        let mut small = [0u8; 100];
+        copy_large(&mut small, &src[1..101]);
+        assert_eq!(&small[..], &src[1..101]);
+    }
+}

@@ -1,0 +1,264 @@
+//! Migration between pools and huge-page collapse on real faults: pages move
+//! while application threads read and write them (checked against a per-word
+//! oracle), a full pool fails cleanly and leaves the data where it was, and a
+//! collapsed block is one huge page. Needs userfaultfd (root); fails with the
+//! reason otherwise.
+
+use faultline::store::Zero;
+use faultline::{Config, CopyMethod, CopyPlan, MapOptions, MigrateError, PageSize, Region};
+use faultline_sys::mem::PageMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{rng, MIB};
+
+fn tiered(budget: usize, tier: usize) -> faultline::Manager {
+    common::manager_with(
+        Config {
+            budget,
+            workers: 2,
+            fault_locks: 4,
+            ..Config::default()
+        }
+        .with_tier(tier),
+    )
+}
+
+/// Two writer threads own alternate words of `regions` and write counters
+/// to random ones while `body` runs; then every word must hold its last
+/// value (or zero if never written).
+fn with_writers(regions: &[&Region], body: impl FnOnce() + Send) {
+    let stop = AtomicBool::new(false);
+    let oracles = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2usize)
+            .map(|t| {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut next = rng(t as u64 + 7);
+                    let mut mine: Vec<std::collections::HashMap<usize, u64>> =
+                        vec![Default::default(); regions.len()];
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for (ri, r) in regions.iter().enumerate() {
+                            let words = r.len() / 8;
+                            let w = (next() as usize % (words / 2)) * 2 + t;
+                            n += 1;
+                            let v = (n << 8) | (t as u64 + 1);
+                            let p = (r.addr() + w * 8) as *mut u64;
+                            // SAFETY: inside a live region; word w is written
+                            // only by thread t.
+                            let old = unsafe { p.read_volatile() };
+                            assert_eq!(
+                                old,
+                                mine[ri].get(&w).copied().unwrap_or(0),
+                                "word {w} of region {ri} changed under a migration"
+                            );
+                            // SAFETY: as above.
+                            unsafe { p.write_volatile(v) };
+                            mine[ri].insert(w, v);
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        body();
+        stop.store(true, Ordering::Relaxed);
+        writers
+            .into_iter()
+            .map(|h| h.join().expect("writer"))
+            .collect::<Vec<_>>()
+    });
+    for (ri, r) in regions.iter().enumerate() {
+        let words = r.len() / 8;
+        // SAFETY: the writers are done; the region lives.
+        let all = unsafe { std::slice::from_raw_parts(r.addr() as *const u64, words) };
+        for (w, &got) in all.iter().enumerate() {
+            let want = oracles[w % 2][ri].get(&w).copied().unwrap_or(0);
+            assert_eq!(got, want, "region {ri} word {w}");
+        }
+    }
+}
+
+#[test]
+fn migrate_back_and_forth_under_concurrent_access() {
+    let mm = tiered(64 * MIB, 64 * MIB);
+    assert_eq!(mm.pools(), 2);
+    let small = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map 4k");
+    let huge = mm
+        .map(8 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
+        .expect("map 2m");
+    let plans = [
+        CopyPlan {
+            method: CopyMethod::PerPage,
+            threads: 1,
+            chunk: 256 << 10,
+        },
+        CopyPlan {
+            method: CopyMethod::Chunked,
+            threads: 1,
+            chunk: 256 << 10,
+        },
+        CopyPlan {
+            method: CopyMethod::Chunked,
+            threads: 3,
+            chunk: 64 << 10,
+        },
+    ];
+    let mut rounds = 0;
+    with_writers(&[&small, &huge], || {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            for r in [&small, &huge] {
+                let plan = plans[rounds % plans.len()];
+                let to = 1 - (rounds / plans.len()) % 2;
+                let rep = r.migrate_with(0..r.len(), to, plan).expect("migrate");
+                assert!(rep.bytes <= r.len());
+            }
+            rounds += 1;
+        }
+    });
+    assert!(rounds >= 6, "only {rounds} rounds in 3 s");
+    let st = mm.stats();
+    assert!(st.migrated_pages > 0, "{st}");
+    // Everything back in pool 1, then every resident page reports it.
+    small.migrate(0..small.len(), 1).expect("to tier");
+    huge.migrate(0..huge.len(), 1).expect("to tier");
+    for off in (0..small.len()).step_by(4096) {
+        if let Some(p) = small.pool_of(off) {
+            assert_eq!(p, 1, "4k page at {off:#x}");
+        }
+    }
+    for off in (0..huge.len()).step_by(2 * MIB) {
+        if let Some(p) = huge.pool_of(off) {
+            assert_eq!(p, 1, "2m page at {off:#x}");
+        }
+    }
+    assert!(mm.pool_bytes(1).1 < 64 * MIB, "tier holds pages now");
+    assert!(mm.take_error().is_none());
+}
+
+#[test]
+fn idle_workers_help_with_the_copy() {
+    let mm = tiered(32 * MIB, 32 * MIB);
+    let mut r = mm
+        .map(8 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
+        .expect("map");
+    r.as_mut_slice().fill(0x5a);
+    let plan = CopyPlan {
+        method: CopyMethod::Chunked,
+        threads: 2,
+        chunk: 32 << 10,
+    };
+    let mut i = 0;
+    while mm.stats().copy_chunks_helped == 0 && i < 400 {
+        r.migrate_with(0..r.len(), 1 - i % 2, plan)
+            .expect("migrate");
+        i += 1;
+    }
+    assert!(
+        mm.stats().copy_chunks_helped > 0,
+        "no worker took a copy piece in {i} migrations"
+    );
+    assert!(r.as_slice().iter().all(|&b| b == 0x5a));
+}
+
+#[test]
+fn collapse_under_concurrent_access_makes_a_huge_page() {
+    let mm = tiered(64 * MIB, 16 * MIB);
+    let r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
+    // Every page resident, scattered over 4 KiB frames.
+    for off in (0..r.len()).step_by(4096).rev() {
+        // SAFETY: inside the live region.
+        unsafe { ((r.addr() + off) as *mut u8).write_volatile(1) };
+    }
+    // SAFETY: as above.
+    unsafe { (r.addr() as *mut u64).write_volatile(0) };
+    for off in (0..r.len()).step_by(4096).rev() {
+        // SAFETY: as above; word 0 of each page back to zero for the oracle.
+        unsafe { ((r.addr() + off) as *mut u64).write_volatile(0) };
+    }
+    let mut collapses = 0;
+    with_writers(&[&r], || {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let rep = r.collapse(0..r.len()).expect("collapse");
+            collapses += rep.pages / 512;
+            // Scatter again: to the tier page by page, then back.
+            r.migrate(0..r.len(), 1).expect("to tier");
+            r.migrate(0..r.len(), 0).expect("back");
+        }
+    });
+    assert!(collapses >= 2, "{collapses}");
+    // One page of each block elsewhere: both blocks must collapse again.
+    r.migrate(0..4096, 1).expect("one page out");
+    r.migrate(2 * MIB + 8192..2 * MIB + 12288, 1)
+        .expect("one page out");
+    let rep = r.collapse(0..r.len()).expect("collapse");
+    assert_eq!(rep.bytes, 4 * MIB, "{rep:?}");
+    let pm = PageMap::open().expect("pagemap");
+    let huge = pm
+        .huge_bytes(r.addr(), r.addr() + r.len())
+        .expect("PAGEMAP_SCAN");
+    assert_eq!(huge, 4 * MIB, "collapsed blocks are PMD-mapped");
+    assert!(mm.stats().collapses >= 2);
+    // A second collapse has nothing to do.
+    assert_eq!(r.collapse(0..r.len()).expect("again").bytes, 0);
+}
+
+#[test]
+fn full_pool_fails_cleanly_and_keeps_the_data() {
+    let mm = tiered(32 * MIB, 2 * MIB);
+    let mut r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
+    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+        *b = ((i * 31) >> 12) as u8;
+    }
+    let before: Vec<u8> = r.as_slice().to_vec();
+    match r.migrate(0..r.len(), 1) {
+        Err(MigrateError::PoolFull { pool: 1, addr, .. }) => {
+            assert_eq!(addr, r.addr() + 2 * MIB, "the second block did not fit");
+        }
+        other => panic!("expected PoolFull, got {other:?}"),
+    }
+    assert!(r.as_slice() == &before[..], "data intact");
+    assert_eq!(r.pool_of(0), Some(1), "the first block moved");
+    assert_eq!(r.pool_of(2 * MIB), Some(0), "the second stayed");
+    assert!(matches!(
+        r.migrate(0..4096, 7),
+        Err(MigrateError::NoSuchPool { pool: 7, pools: 2 })
+    ));
+    assert!(matches!(
+        r.migrate(0..r.len() + 1, 0),
+        Err(MigrateError::OutOfRange { .. })
+    ));
+    // 2 MiB pages: the tier (now full) takes none; then back, and in again.
+    let mut h = mm
+        .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
+        .expect("map");
+    h.as_mut_slice().fill(9);
+    assert!(matches!(
+        h.migrate(0..h.len(), 1),
+        Err(MigrateError::PoolFull { .. })
+    ));
+    r.migrate(0..r.len(), 0).expect("back to pool 0");
+    assert_eq!(mm.pool_bytes(1), (2 * MIB, 2 * MIB));
+    let e = h.migrate(0..h.len(), 1).expect_err("one of two fits");
+    assert!(matches!(e, MigrateError::PoolFull { .. }), "{e}");
+    assert_eq!(h.pool_of(0), Some(1));
+    assert!(h.as_slice().iter().all(|&b| b == 9));
+    assert!(r.as_slice() == &before[..]);
+    // Collapse needs every page of the block.
+    let sparse = mm.map(2 * MIB, Zero, MapOptions::new()).expect("map");
+    // SAFETY: inside the live region.
+    unsafe { (sparse.addr() as *mut u8).write_volatile(3) };
+    assert!(matches!(
+        sparse.collapse(0..sparse.len()),
+        Err(MigrateError::NotResident { .. })
+    ));
+    assert_eq!(sparse.as_slice()[0], 3);
+    assert!(matches!(
+        h.collapse(0..h.len()),
+        Err(MigrateError::NotCollapsible { .. })
+    ));
+}
