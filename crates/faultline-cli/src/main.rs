@@ -48,6 +48,8 @@ enum Which {
     Lookup(bench::BenchOpts),
     /// A file 4x the memory limit, random and sequential reads and writes: faultline vs kernel mmap.
     OutOfCore(bench::BenchOpts),
+    /// Migration between pools: 1 x 4 KiB, 512 x 4 KiB, 1 x 2 MiB; 1..N threads; per-page vs chunked copy; memcpy reference.
+    Migrate(bench::BenchOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -69,6 +71,7 @@ fn main() -> anyhow::Result<()> {
                 Which::ClearOrder(o) => (bench::clear_order::run(&o)?, o.json),
                 Which::Lookup(o) => (bench::lookup::run(&o)?, o.json),
                 Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.json),
+                Which::Migrate(o) => (bench::migrate::run(&o)?, o.json),
             };
             report.print(json)
         }

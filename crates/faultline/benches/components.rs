@@ -1,6 +1,6 @@
 //! Component micro-benchmarks (criterion): the frame allocator's hot paths
-//! with and without per-CPU lists, bulk allocation, and a region lookup hit
-//! per cache scheme. The experiments of BENCHMARKS.md are `faultline bench`;
+//! with and without per-CPU lists, bulk allocation, a region lookup hit
+//! per cache scheme, and migration's 2 MiB copy per method. The experiments of BENCHMARKS.md are `faultline bench`;
 //! these are for watching one component while changing it. The lookup bench
 //! maps real regions, so it needs userfaultfd (root).
 #![allow(missing_docs)]
@@ -77,5 +77,47 @@ fn lookup(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, alloc, lookup);
+/// The 2 MiB copy of migration: the per-4 KiB loop (the baseline), one
+/// `memcpy`, and streaming stores, over THP-backed buffers larger than the
+/// caches (each iteration a different 2 MiB pair).
+fn copy(c: &mut Criterion) {
+    use faultline_sys::mem::{Advice, Mapping};
+    const SPAN: usize = 64 << 20;
+    const HUGE: usize = 2 << 20;
+    let map = |fill: u8| {
+        let m = Mapping::anonymous(SPAN, HUGE).expect("mmap");
+        let _ = m.advise(m.addr(), SPAN, Advice::HugePage);
+        // SAFETY: our own fresh mapping, written through this slice only.
+        unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), SPAN) }.fill(fill);
+        m
+    };
+    let (src, dst) = (map(7), map(0));
+    // SAFETY: two distinct live mappings of SPAN bytes, used only here.
+    let (s, d) = unsafe {
+        (
+            std::slice::from_raw_parts(src.as_ptr(), SPAN),
+            std::slice::from_raw_parts_mut(dst.as_ptr(), SPAN),
+        )
+    };
+    let mut g = c.benchmark_group("copy-2m");
+    g.throughput(criterion::Throughput::Bytes(HUGE as u64));
+    type CopyFn = fn(&mut [u8], &[u8]);
+    let kinds: [(&str, CopyFn); 3] = [
+        ("per-page", faultline::migrate::copy_per_page),
+        ("memcpy", |d, s| d.copy_from_slice(s)),
+        ("nontemporal", faultline::migrate::copy_large),
+    ];
+    for (name, f) in kinds {
+        let mut at = 0;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                f(&mut d[at..at + HUGE], &s[at..at + HUGE]);
+                at = (at + HUGE) % SPAN;
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, alloc, lookup, copy);
 criterion_main!(benches);

@@ -142,11 +142,15 @@ pub struct Config {
     pub migrate_copy: CopyMethod,
     /// Threads that share one migration's copy: the migrating thread plus up
     /// to `migrate_threads - 1` fault workers, which take copy chunks only
-    /// while they have no fault to serve. Default 2; 1 copies alone.
+    /// while they have no fault to serve. Default 1 (copy alone): on the
+    /// 2-vCPU machine this was measured on, one thread already reaches the
+    /// memory bandwidth of the 2 MiB copy, and a helper — a thread of this
+    /// process — draws TLB-shootdown IPIs to its CPU for every move while it
+    /// runs (docs/design.md, "Migration").
     pub migrate_threads: usize,
     /// Bytes per copy chunk handed to a worker (a power of two, 4 KiB to
     /// 2 MiB): the longest a worker is away from its fault queue. Default
-    /// 256 KiB.
+    /// 64 KiB (about 5 µs of copying).
     pub migrate_chunk: usize,
 }
 
@@ -165,10 +169,12 @@ pub enum CopyMethod {
     /// The pre-seed baseline: a loop of 4 KiB copies, one call per page, on
     /// the migrating thread alone.
     PerPage,
-    /// One large copy per frame, cut into `migrate_chunk` pieces that up to
-    /// `migrate_threads` threads share; non-temporal stores for frames of
-    /// 64 KiB and more.
+    /// One large copy (`memcpy`) per frame, cut into `migrate_chunk` pieces
+    /// that up to `migrate_threads` threads share.
     Chunked,
+    /// As `Chunked`, with non-temporal (streaming) stores for pieces of
+    /// 64 KiB and more: the new frame's bytes do not displace the cache.
+    ChunkedNt,
 }
 
 impl CopyMethod {
@@ -177,6 +183,7 @@ impl CopyMethod {
         match self {
             CopyMethod::PerPage => "per-page",
             CopyMethod::Chunked => "chunked",
+            CopyMethod::ChunkedNt => "chunked-nt",
         }
     }
 }
@@ -209,8 +216,8 @@ impl Default for Config {
             node: None,
             extra_pools: Vec::new(),
             migrate_copy: CopyMethod::Chunked,
-            migrate_threads: 2,
-            migrate_chunk: 256 << 10,
+            migrate_threads: 1,
+            migrate_chunk: 64 << 10,
         }
     }
 }

@@ -204,6 +204,9 @@ pub(crate) struct CopyJob {
     /// Bit `w` set once worker `w` joined; at most `max_helpers` bits.
     joined: AtomicU64,
     max_helpers: u32,
+    /// The CPU the owner ran on when it offered the job: a worker there
+    /// would only preempt the owner, not add a CPU.
+    owner_cpu: usize,
 }
 
 impl CopyJob {
@@ -226,7 +229,8 @@ impl CopyJob {
         };
         match self.method {
             CopyMethod::PerPage => copy_per_page(dst, src),
-            CopyMethod::Chunked => copy_large(dst, src),
+            CopyMethod::Chunked => dst.copy_from_slice(src),
+            CopyMethod::ChunkedNt => copy_large(dst, src),
         }
         self.done.fetch_add(1, Ordering::Release);
         true
@@ -289,7 +293,9 @@ pub(crate) fn help(core: &Core, worker: usize) -> bool {
         .copy_jobs
         .lock()
         .iter()
-        .find(|j| j.has_work() && j.may_join(worker))
+        .find(|j| {
+            j.has_work() && j.owner_cpu != faultline_sys::host::current_cpu() && j.may_join(worker)
+        })
         .cloned();
     match job {
         Some(j) if j.run_one() => {
@@ -304,7 +310,9 @@ pub(crate) fn help(core: &Core, worker: usize) -> bool {
 /// nanoseconds it took.
 fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
     let t = Instant::now();
-    if plan.threads <= 1 {
+    let total: usize = runs.iter().map(|r| r.len).sum();
+    // A copy of one chunk or less is not worth a helper's wake-up.
+    if plan.threads <= 1 || total <= plan.chunk {
         for r in runs {
             // SAFETY: as in `CopyJob::run_one`; here this thread alone copies.
             let (dst, src) = unsafe {
@@ -315,7 +323,8 @@ fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
             };
             match plan.method {
                 CopyMethod::PerPage => copy_per_page(dst, src),
-                CopyMethod::Chunked => copy_large(dst, src),
+                CopyMethod::Chunked => dst.copy_from_slice(src),
+                CopyMethod::ChunkedNt => copy_large(dst, src),
             }
         }
         return t.elapsed().as_nanos() as u64;
@@ -340,6 +349,7 @@ fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
         done: AtomicUsize::new(0),
         joined: AtomicU64::new(0),
         max_helpers: (plan.threads - 1) as u32,
+        owner_cpu: faultline_sys::host::current_cpu(),
     });
     core.copy_jobs.lock().push(Arc::clone(&job));
     // Release pairs with the Acquire in `help`.

@@ -101,7 +101,7 @@ fn migrate_back_and_forth_under_concurrent_access() {
             chunk: 256 << 10,
         },
         CopyPlan {
-            method: CopyMethod::Chunked,
+            method: CopyMethod::ChunkedNt,
             threads: 3,
             chunk: 64 << 10,
         },

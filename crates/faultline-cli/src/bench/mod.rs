@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod clear_order;
 pub mod fault;
 pub mod lookup;
+pub mod migrate;
 pub mod out_of_core;
 pub mod parallel_fault;
 
@@ -41,6 +42,9 @@ pub struct BenchOpts {
     /// Frames above which a per-CPU list drains.
     #[arg(long)]
     pub pcp_high: Option<usize>,
+    /// Bytes per migration copy piece handed to a worker.
+    #[arg(long)]
+    pub migrate_chunk: Option<usize>,
 }
 
 impl BenchOpts {
@@ -64,6 +68,9 @@ impl BenchOpts {
         }
         if let Some(h) = self.pcp_high {
             c.pcp_high = h;
+        }
+        if let Some(m) = self.migrate_chunk {
+            c.migrate_chunk = m;
         }
         c
     }
