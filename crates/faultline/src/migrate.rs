@@ -41,10 +41,10 @@ use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use faultline_sys::mem::PageMap;
 use faultline_sys::uffd::Resolved;
 use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -190,59 +190,53 @@ struct Piece {
     len: usize,
 }
 
-/// A copy shared between the migrating thread and idle workers.
+/// The claim protocol of a shared copy of `n` pieces: each piece is claimed
+/// by exactly one thread; at most `max_helpers` helpers join; the owner sees
+/// every piece's bytes once [`Claims::all_done`] says so. Model checked with
+/// loom (`loom_copy_claims`).
 #[derive(Debug)]
-pub(crate) struct CopyJob {
-    pieces: Vec<Piece>,
-    method: CopyMethod,
-    /// Next piece to claim (Relaxed: a claim counter; the pieces themselves
+pub(crate) struct Claims {
+    n: usize,
+    /// Next piece to claim (Relaxed: a ticket counter; the pieces themselves
     /// were published with the job under the job list's mutex).
     next: AtomicUsize,
     /// Pieces finished. Release by the finisher, after its stores; pairs
-    /// with the Acquire in [`CopyJob::wait`].
+    /// with the Acquire in [`Claims::all_done`].
     done: AtomicUsize,
-    /// Bit `w` set once worker `w` joined; at most `max_helpers` bits.
+    /// Bit `w` set once helper `w` joined; at most `max_helpers` bits.
     joined: AtomicU64,
     max_helpers: u32,
-    /// The CPU the owner ran on when it offered the job: a worker there
-    /// would only preempt the owner, not add a CPU.
-    owner_cpu: usize,
 }
 
-impl CopyJob {
-    /// Claims and copies one piece; false when none is left.
-    fn run_one(&self) -> bool {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        let Some(p) = self.pieces.get(i) else {
-            return false;
-        };
-        // SAFETY: the job's owner holds both frames of every piece in flight
-        // (moved out under their fault locks, or freshly allocated) and does
-        // not touch a piece until `done` counts it; each piece is claimed by
-        // exactly one thread (the fetch_add above) and pieces do not overlap.
-        // Pool slots of in-flight frames are populated, so no access faults.
-        let (dst, src) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(p.dst as *mut u8, p.len),
-                std::slice::from_raw_parts(p.src as *const u8, p.len),
-            )
-        };
-        match self.method {
-            CopyMethod::PerPage => copy_per_page(dst, src),
-            CopyMethod::Chunked => dst.copy_from_slice(src),
-            CopyMethod::ChunkedNt => copy_large(dst, src),
+impl Claims {
+    pub(crate) fn new(n: usize, max_helpers: u32) -> Claims {
+        Claims {
+            n,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            joined: AtomicU64::new(0),
+            max_helpers,
         }
+    }
+
+    /// The next unclaimed piece, now this thread's.
+    pub(crate) fn claim(&self) -> Option<usize> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        (i < self.n).then_some(i)
+    }
+
+    /// Reports a claimed piece done (after writing its bytes).
+    pub(crate) fn finish(&self) {
         self.done.fetch_add(1, Ordering::Release);
-        true
     }
 
     fn has_work(&self) -> bool {
-        self.next.load(Ordering::Relaxed) < self.pieces.len()
+        self.next.load(Ordering::Relaxed) < self.n
     }
 
-    /// Whether worker `w` may take a piece (it joined already, or a helper
+    /// Whether helper `w` may take pieces (it joined already, or a helper
     /// slot is free, which it then takes).
-    fn may_join(&self, w: usize) -> bool {
+    pub(crate) fn may_join(&self, w: usize) -> bool {
         let bit = 1u64 << (w % 64);
         let mut cur = self.joined.load(Ordering::Relaxed);
         loop {
@@ -264,13 +258,51 @@ impl CopyJob {
         }
     }
 
+    /// Whether every piece is done; true means their bytes are visible.
+    pub(crate) fn all_done(&self) -> bool {
+        // Acquire pairs with the Release in `finish`.
+        self.done.load(Ordering::Acquire) >= self.n
+    }
+}
+
+/// A copy shared between the migrating thread and idle workers.
+#[derive(Debug)]
+pub(crate) struct CopyJob {
+    pieces: Vec<Piece>,
+    method: CopyMethod,
+    claims: Claims,
+    /// The CPU the owner ran on when it offered the job: a worker there
+    /// would only preempt the owner, not add a CPU.
+    owner_cpu: usize,
+}
+
+impl CopyJob {
+    /// Claims and copies one piece; false when none is left.
+    fn run_one(&self) -> bool {
+        let Some(p) = self.claims.claim().and_then(|i| self.pieces.get(i)) else {
+            return false;
+        };
+        // SAFETY: the job's owner holds both frames of every piece in flight
+        // (moved out under their fault locks, or freshly allocated) and does
+        // not touch a piece until `all_done`; each piece is claimed by
+        // exactly one thread and pieces do not overlap. Pool slots of
+        // in-flight frames are populated, so no access faults.
+        let (dst, src) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(p.dst as *mut u8, p.len),
+                std::slice::from_raw_parts(p.src as *const u8, p.len),
+            )
+        };
+        copy_with(self.method, dst, src);
+        self.claims.finish();
+        true
+    }
+
     /// Waits until every piece is done (pieces in other threads' hands take
     /// at most one chunk's time).
     fn wait(&self) {
         let mut spins = 0u32;
-        // Acquire pairs with the Release in `run_one`: the helpers' stores
-        // happen before the frames move.
-        while self.done.load(Ordering::Acquire) < self.pieces.len() {
+        while !self.claims.all_done() {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
@@ -278,6 +310,14 @@ impl CopyJob {
                 std::thread::yield_now();
             }
         }
+    }
+}
+
+fn copy_with(method: CopyMethod, dst: &mut [u8], src: &[u8]) {
+    match method {
+        CopyMethod::PerPage => copy_per_page(dst, src),
+        CopyMethod::Chunked => dst.copy_from_slice(src),
+        CopyMethod::ChunkedNt => copy_large(dst, src),
     }
 }
 
@@ -294,7 +334,9 @@ pub(crate) fn help(core: &Core, worker: usize) -> bool {
         .lock()
         .iter()
         .find(|j| {
-            j.has_work() && j.owner_cpu != faultline_sys::host::current_cpu() && j.may_join(worker)
+            j.claims.has_work()
+                && j.owner_cpu != faultline_sys::host::current_cpu()
+                && j.claims.may_join(worker)
         })
         .cloned();
     match job {
@@ -321,11 +363,7 @@ fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
                     std::slice::from_raw_parts(r.src as *const u8, r.len),
                 )
             };
-            match plan.method {
-                CopyMethod::PerPage => copy_per_page(dst, src),
-                CopyMethod::Chunked => dst.copy_from_slice(src),
-                CopyMethod::ChunkedNt => copy_large(dst, src),
-            }
+            copy_with(plan.method, dst, src);
         }
         return t.elapsed().as_nanos() as u64;
     }
@@ -343,12 +381,9 @@ fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
         }
     }
     let job = Arc::new(CopyJob {
+        claims: Claims::new(pieces.len(), (plan.threads - 1) as u32),
         pieces,
         method: plan.method,
-        next: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
-        joined: AtomicU64::new(0),
-        max_helpers: (plan.threads - 1) as u32,
         owner_cpu: faultline_sys::host::current_cpu(),
     });
     core.copy_jobs.lock().push(Arc::clone(&job));
@@ -811,5 +846,62 @@ mod tests {
         let mut small = [0u8; 100];
         copy_large(&mut small, &src[1..101]);
         assert_eq!(&small[..], &src[1..101]);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::Claims;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+
+    struct Shared {
+        claims: Claims,
+        pieces: [UnsafeCell<usize>; 3],
+    }
+
+    // SAFETY: each cell is written only by the thread that claimed its piece
+    // and read by the owner only after `all_done` — the property under test;
+    // loom reports any access the protocol fails to order.
+    unsafe impl Sync for Shared {}
+
+    /// The owner and one helper share three pieces: every piece is written
+    /// exactly once, and the owner reads every piece's bytes after
+    /// `all_done` without a data race, in every interleaving.
+    #[test]
+    fn loom_copy_claims() {
+        loom::model(|| {
+            let s = Arc::new(Shared {
+                claims: Claims::new(3, 1),
+                pieces: [UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)],
+            });
+            let helper = {
+                let s = Arc::clone(&s);
+                loom::thread::spawn(move || {
+                    assert!(s.claims.may_join(1));
+                    while let Some(i) = s.claims.claim() {
+                        s.pieces[i].with_mut(|p| {
+                            // SAFETY: piece i is this thread's (claimed).
+                            unsafe { *p += i + 1 }
+                        });
+                        s.claims.finish();
+                    }
+                })
+            };
+            while let Some(i) = s.claims.claim() {
+                // SAFETY: piece i is this thread's (claimed).
+                s.pieces[i].with_mut(|p| unsafe { *p += i + 1 });
+                s.claims.finish();
+            }
+            while !s.claims.all_done() {
+                loom::thread::yield_now();
+            }
+            for (i, c) in s.pieces.iter().enumerate() {
+                // SAFETY: all pieces are done; nobody writes them any more.
+                assert_eq!(c.with(|p| unsafe { *p }), i + 1);
+            }
+            helper.join().expect("helper");
+            assert!(!s.claims.may_join(2), "one helper at most");
+        });
     }
 }

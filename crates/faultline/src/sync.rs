@@ -137,3 +137,12 @@ mod loom_mutex {
 
 #[cfg(loom)]
 pub(crate) use loom_mutex::{Mutex, SpinLock};
+
+/// Atomics: loom's under `--cfg loom` (so the migration copy's claim
+/// protocol is model checked), the standard library's otherwise.
+pub(crate) mod atomic {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+}
