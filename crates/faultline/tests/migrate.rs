@@ -262,3 +262,30 @@ fn full_pool_fails_cleanly_and_keeps_the_data() {
         Err(MigrateError::NotCollapsible { .. })
     ));
 }
+
+#[test]
+fn one_pool_per_numa_node() {
+    let nodes = faultline_sys::host::numa_nodes();
+    let mm = common::manager_with(
+        Config {
+            workers: 2,
+            fault_locks: 4,
+            ..Config::default()
+        }
+        .with_node_pools(16 * MIB),
+    );
+    assert_eq!(mm.pools(), nodes.len());
+    assert_eq!(mm.config().node, Some(nodes[0]), "pool 0 is bound");
+    let mut r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
+    r.as_mut_slice().fill(4);
+    let last = nodes.len() - 1;
+    r.migrate(0..r.len(), last).expect("to the last node");
+    assert_eq!(r.pool_of(0), Some(last));
+    assert!(r.as_slice().iter().all(|&b| b == 4));
+    // A node that is not online is refused.
+    let bad = Config {
+        node: Some(63),
+        ..Config::default()
+    };
+    assert!(bad.validate().is_err());
+}
