@@ -1,6 +1,7 @@
 //! Component micro-benchmarks (criterion): the frame allocator's hot paths
 //! with and without per-CPU lists, bulk allocation, a region lookup hit
-//! per cache scheme, and migration's 2 MiB copy per method. The experiments of BENCHMARKS.md are `faultline bench`;
+//! per cache scheme, migration's 2 MiB copy per method, and the page
+//! fingerprint of dirty tracking. The experiments of BENCHMARKS.md are `faultline bench`;
 //! these are for watching one component while changing it. The lookup bench
 //! maps real regions, so it needs userfaultfd (root).
 #![allow(missing_docs)]
@@ -119,5 +120,19 @@ fn copy(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, alloc, lookup, copy);
+/// Dirty tracking's cost: the fingerprint of one page (taken at each store
+/// fill, checked at each eviction and flush).
+fn fingerprint(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fingerprint");
+    for (name, len) in [("4k", 4096usize), ("2m", 2 << 20)] {
+        let page: Vec<u8> = (0..len).map(|i| (i * 31) as u8).collect();
+        g.throughput(criterion::Throughput::Bytes(len as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| faultline::dirty::fingerprint(black_box(&page)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, alloc, lookup, copy, fingerprint);
 criterion_main!(benches);

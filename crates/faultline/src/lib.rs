@@ -16,10 +16,11 @@
 //!
 //! Components, one module each: [`config`], [`region`] (the region table),
 //! [`frame`] (pool and allocator), [`fault`] (service and its locks),
-//! [`fill`], [`store`], [`migrate`], [`stats`]; [`manager`] ties them together. Only
+//! [`fill`], [`store`], [`dirty`], [`migrate`], [`stats`]; [`manager`] ties them together. Only
 //! `faultline-sys` makes system calls.
 
 pub mod config;
+pub mod dirty;
 pub mod fault;
 pub mod fill;
 pub mod frame;

@@ -26,7 +26,7 @@ use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{Store, StoreError};
 use faultline_sys::mem::{Advice, Mapping};
 use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Resolved, Uffd};
-use faultline_sys::SysError;
+use faultline_sys::{SysError, PAGE_SIZE};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -793,14 +793,15 @@ impl Region {
             .take_error(|e| e.addr().is_some_and(|a| r.contains(a)))
     }
 
-    /// Writes every resident page back to the region's store, then makes the
-    /// store durable (`fsync` for a file). Regions whose store is not
-    /// writable (zero-filled, read-only files) have nothing to write.
+    /// Writes every dirty page back to the region's store, then makes the
+    /// store durable (`fsync` for a file). A page is dirty when its bytes
+    /// differ from the store's copy ([`crate::dirty`]); clean pages are not
+    /// written. Regions whose store is not writable (zero-filled, read-only
+    /// files) have nothing to write.
     ///
-    /// Every resident page is written: dirty tracking (write-protect with
-    /// `WP_ASYNC`) belongs to the reclaim work. Pages are read from the
-    /// calling thread, which must not race writes to them with the flush if
-    /// it wants those writes included.
+    /// Each page is written as it is at the moment it is copied, under its
+    /// fault lock; writes racing with the flush may or may not be included
+    /// (they stay dirty if not).
     pub fn flush(&self) -> Result<(), StoreError> {
         let r = &self.inner;
         if !r.store.writable() {
@@ -814,48 +815,62 @@ impl Region {
         let r = &self.inner;
         let core = &self.service.core;
         let ps = r.page_size.bytes();
+        let mut copy = vec![0u8; ps];
         for page in 0..r.pages() {
+            if matches!(r.state(page), PageState::Absent | PageState::Poisoned) {
+                continue;
+            }
+            let (domain, key) = r.lock_key(page);
+            let _g = core.locks.lock(domain, key);
             match r.state(page) {
                 PageState::Absent | PageState::Poisoned => continue,
                 PageState::Resident(_) => {
-                    // Read through the mapping, holding no lock: if reclaim
-                    // parks or evicts the page meanwhile, the read faults and
-                    // is served like any other.
-                    // SAFETY: inside our mapping, only read; the region lives
-                    // (we hold it).
-                    let bytes =
-                        unsafe { std::slice::from_raw_parts(r.page_addr(page) as *const u8, ps) };
-                    r.store.write(page as u64, bytes)?;
-                }
-                PageState::Parked(_) => {
-                    let (domain, key) = r.lock_key(page);
-                    let _g = core.locks.lock(domain, key);
-                    match r.state(page) {
-                        PageState::Parked(f) => {
-                            let mut frame = Frame::from_parts(f, r.page_size.order());
-                            // SAFETY: a parked frame belongs to its page, whose
-                            // lock we hold; it is populated and nobody else
-                            // touches it.
-                            let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
-                            r.store.write(page as u64, bytes)?;
-                        }
-                        // Unparked or evicted since: evicted is written; a
-                        // resident page is read after the lock is dropped.
-                        PageState::Resident(_) => {
-                            drop(_g);
-                            // SAFETY: as for a resident page above.
-                            let bytes = unsafe {
-                                std::slice::from_raw_parts(r.page_addr(page) as *const u8, ps)
-                            };
-                            r.store.write(page as u64, bytes)?;
-                        }
-                        // Evicted meanwhile: reclaim wrote it back.
-                        PageState::Absent | PageState::Poisoned => continue,
+                    let addr = r.page_addr(page);
+                    // Under the lock nothing of faultline's unmaps the page;
+                    // only the application could (MADV_DONTNEED), and then
+                    // there is nothing to write.
+                    let mapped = r.map.is_resident(addr, PAGE_SIZE).unwrap_or(false)
+                        && r.map
+                            .is_resident(addr + ps - PAGE_SIZE, PAGE_SIZE)
+                            .unwrap_or(false);
+                    if !mapped {
+                        continue;
                     }
+                    // SAFETY: a resident page of our live mapping, read only;
+                    // it is mapped (checked just above) and stays so under its
+                    // lock, so the read cannot fault.
+                    copy.copy_from_slice(unsafe {
+                        std::slice::from_raw_parts(addr as *const u8, ps)
+                    });
+                    self.put(page, &copy)?;
+                }
+                PageState::Parked(f) => {
+                    let mut frame = Frame::from_parts(f, r.page_size.order());
+                    // SAFETY: a parked frame belongs to its page, whose lock
+                    // we hold; it is populated and nobody else touches it.
+                    let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+                    self.put(page, bytes)?;
                 }
             }
-            Stats::bump(&core.stats.written_back);
         }
+        Ok(())
+    }
+
+    /// Writes `bytes`, the content of `page`, to the store unless they are
+    /// the store's already. Caller holds the page's lock.
+    fn put(&self, page: usize, bytes: &[u8]) -> Result<(), StoreError> {
+        let r = &self.inner;
+        let stats = &self.service.core.stats;
+        let fp = crate::dirty::fingerprint(bytes);
+        if r.fps.as_ref().and_then(|f| f.get(page)) == Some(fp) {
+            Stats::bump(&stats.clean_skipped);
+            return Ok(());
+        }
+        r.store.write(page as u64, bytes)?;
+        if let Some(f) = &r.fps {
+            f.set(page, Some(fp));
+        }
+        Stats::bump(&stats.written_back);
         Ok(())
     }
 

@@ -6,8 +6,9 @@
 //! pool slot (`UFFDIO_MOVE`, no copy, no write-back) — and a touch before the
 //! hand comes round again faults it back cheaply (`fault::service` unparks:
 //! one move). A page still parked when the hand returns was not referenced:
-//! it is *evicted* — written back if its store is writable, then its frame
-//! freed. A page's frame is freed only after its data is safe in the store;
+//! it is *evicted* — written back if its store is writable and the page is
+//! dirty (its bytes differ from the store's copy: [`crate::dirty`]), then
+//! its frame freed. A page's frame is freed only after its data is safe in the store;
 //! if the write fails the page stays parked and the error is queued.
 //!
 //! Only pages in pool 0 (the budget) are reclaimed; pages migrated to
@@ -164,15 +165,19 @@ fn step(core: &Core, r: &RegionInner, page: usize) -> usize {
                 // SAFETY: a parked frame belongs to its page, whose lock we
                 // hold: nobody else reads or writes it, and it is populated.
                 let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
-                if let Err(e) = r.store.write(page as u64, bytes) {
+                if r.fps.as_ref().is_some_and(|fps| fps.is_clean(page, bytes)) {
+                    // The store holds these bytes already (crate::dirty).
+                    Stats::bump(&core.stats.clean_skipped);
+                } else if let Err(e) = r.store.write(page as u64, bytes) {
                     // Keep the data: the page stays parked.
                     core.record(FaultError::Store {
                         addr: r.page_addr(page),
                         source: e,
                     });
                     return 0;
+                } else {
+                    Stats::bump(&core.stats.written_back);
                 }
-                Stats::bump(&core.stats.written_back);
             }
             core.pool.set_zeroed(&frame, false);
             r.set_state(page, PageState::Absent);

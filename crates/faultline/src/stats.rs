@@ -43,6 +43,7 @@ pub struct Stats {
     pub(crate) parked: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) written_back: AtomicU64,
+    pub(crate) clean_skipped: AtomicU64,
     pub(crate) migrated_pages: AtomicU64,
     pub(crate) collapses: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
@@ -82,6 +83,7 @@ impl Stats {
             unparked: AtomicU64::new(0),
             parked: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            clean_skipped: AtomicU64::new(0),
             migrated_pages: AtomicU64::new(0),
             collapses: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
@@ -131,6 +133,7 @@ impl Stats {
             unmapped_pages: r(&self.unmapped_pages),
             deferrals: r(&self.deferrals),
             written_back: r(&self.written_back),
+            clean_skipped: r(&self.clean_skipped),
             evicted: r(&self.evicted),
             parked: r(&self.parked),
             unparked: r(&self.unparked),
@@ -222,6 +225,9 @@ pub struct StatsSnapshot {
     pub deferrals: u64,
     /// Pages written back to their store (reclaim, flush, unmap).
     pub written_back: u64,
+    /// Pages of writable stores found clean (their bytes are the store's) and
+    /// so not written back, at eviction or flush.
+    pub clean_skipped: u64,
     /// Pages reclaim evicted (frame freed).
     pub evicted: u64,
     /// Pages reclaim soft-unmapped (parked).
@@ -291,8 +297,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "reclaim     parked {}, evicted {}, unparked {}, written back {}; read-aheads {}",
-            self.parked, self.evicted, self.unparked, self.written_back, self.readaheads
+            "reclaim     parked {}, evicted {}, unparked {}, written back {} (clean, not written: {}); read-aheads {}",
+            self.parked, self.evicted, self.unparked, self.written_back, self.clean_skipped, self.readaheads
         )?;
         writeln!(
             f,

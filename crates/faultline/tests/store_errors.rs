@@ -108,7 +108,9 @@ fn an_unreadable_file_is_an_error_not_a_hang() {
 fn failing_write_back_keeps_the_data() {
     // 2 MiB of budget (512 frames) and a 4 MiB region: filling the first
     // 512 pages uses every frame; the next page needs reclaim, whose
-    // write-back fails (ENOSPC), so nothing may be evicted.
+    // write-back fails (ENOSPC), so nothing may be evicted. Every page is
+    // made dirty (its byte differs from the store's), or reclaim could
+    // evict it without writing.
     let mm = manager(2 * MIB);
     let store = std::sync::Arc::new(Flaky {
         bad_page: u64::MAX,
@@ -119,7 +121,7 @@ fn failing_write_back_keeps_the_data() {
         .expect("map");
     let s = r.as_mut_slice();
     for p in 0..512 {
-        s[p * 4096 + 1] = 0x5a;
+        s[p * 4096 + 1] = !(p as u8);
     }
     // No frame can be freed: the fault is refused (EFAULT from kernel mode).
     assert_eq!(kernel_read(r.addr() + 600 * 4096), libc::EFAULT);
@@ -127,7 +129,7 @@ fn failing_write_back_keeps_the_data() {
     // Every written page still holds its data (parked pages come back).
     let s = r.as_slice();
     for p in 0..512 {
-        assert_eq!(s[p * 4096 + 1], 0x5a, "page {p} lost its data");
+        assert_eq!(s[p * 4096 + 1], !(p as u8), "page {p} lost its data");
     }
     let mut saw_enospc = false;
     while let Some(e) = mm.take_error() {

@@ -362,7 +362,18 @@ fn resolve(
     } {
         Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
         Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
-        Ok(FillSource::Store) => Stats::bump(&core.stats.fills_store),
+        Ok(FillSource::Store) => {
+            Stats::bump(&core.stats.fills_store);
+            if let Some(fps) = &region.fps {
+                // The frame holds the store's bytes: fingerprint them, page by
+                // page (dirty tracking, crate::dirty).
+                // SAFETY: this worker owns the in-flight frame.
+                let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+                for (i, page) in bytes.chunks(region.page_size.bytes()).enumerate() {
+                    fps.set(first + i, Some(crate::dirty::fingerprint(page)));
+                }
+            }
+        }
         Err(e) => {
             core.alloc.free(frame);
             let addr = region.page_addr(page);

@@ -60,6 +60,9 @@ pub struct RegionInner {
     /// the unit of fault locking: `lock_key(p) = p >> window_shift`.
     window_shift: u32,
     pages: Box<[AtomicU32]>,
+    /// Fingerprints of the store's copy of each page, for a writable store
+    /// (dirty tracking: [`crate::dirty`]).
+    pub(crate) fps: Option<crate::dirty::Fingerprints>,
     dying: AtomicBool,
     /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
     /// a few threads each reading sequentially are each recognized. A leaf
@@ -76,6 +79,7 @@ impl RegionInner {
         window: usize,
     ) -> RegionInner {
         let n = map.len() / page_size.bytes();
+        let fps = store.writable().then(|| crate::dirty::Fingerprints::new(n));
         RegionInner {
             id,
             map,
@@ -83,6 +87,7 @@ impl RegionInner {
             store,
             window_shift: window.max(1).trailing_zeros(),
             pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            fps,
             dying: AtomicBool::new(false),
             streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
