@@ -101,6 +101,43 @@ pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Asks the kernel to start reading `[offset, offset + len)` of the open
+/// file `file` into the page cache in the background
+/// (`posix_fadvise(POSIX_FADV_WILLNEED)`): an asynchronous read-ahead.
+pub fn file_willneed(file: &std::fs::File, offset: u64, len: usize) -> Result<(), crate::SysError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain advisory call on an fd we hold open; it reads no
+    // memory of ours.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_WILLNEED,
+        )
+    };
+    if rc != 0 {
+        return Err(crate::SysError {
+            op: "posix_fadvise(WILLNEED)",
+            addr: offset as usize,
+            len,
+            errno: rc,
+        });
+    }
+    Ok(())
+}
+
+/// Minor page faults the calling thread has taken (`getrusage`).
+pub fn thread_minor_faults() -> i64 {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return 0;
+    }
+    u.ru_minflt
+}
+
 /// The online NUMA nodes (`/sys/devices/system/node/online`, e.g. `0-1`);
 /// `[0]` where the kernel has no NUMA support.
 pub fn numa_nodes() -> Vec<u32> {

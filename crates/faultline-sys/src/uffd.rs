@@ -1008,6 +1008,44 @@ mod tests {
     /// write-protect (written) state to its destination — a moved page always
     /// reads as written — so write tracking cannot be read after a page is
     /// moved out, only before, which leaves a window for writes.
+    /// Documents Linux 6.18: when `UFFDIO_MOVE` takes a 4 KiB page out of a
+    /// PMD-mapped THP it splits the THP, and the first write to each other
+    /// page of the block then takes a write fault (a copy-on-write with a
+    /// TLB flush) — a one-time cost per pool frame (docs/design.md).
+    #[test]
+    fn first_write_after_a_move_split_faults_once() {
+        use crate::mem::Advice;
+        use crate::HUGE_PAGE_SIZE;
+        let u = uffd();
+        let pool = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        pool.advise(pool.addr(), pool.len(), Advice::HugePage)
+            .expect("madvise");
+        pool.advise(pool.addr(), pool.len(), Advice::PopulateWrite)
+            .expect("populate");
+        let reg = Mapping::anonymous(HUGE_PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        u.register(
+            reg.addr(),
+            reg.len(),
+            RegisterMode {
+                missing: true,
+                wp: false,
+            },
+        )
+        .expect("register");
+        let write = |page: usize| {
+            let f0 = crate::host::thread_minor_faults();
+            // SAFETY: inside our own populated mapping; nothing else uses it.
+            unsafe { (pool.as_ptr().add(page * PAGE_SIZE)).write_volatile(1) };
+            crate::host::thread_minor_faults() - f0
+        };
+        assert_eq!(write(2), 0, "a populated THP takes writes without faults");
+        // SAFETY: moving page 0 of our pool into our registered region.
+        unsafe { u.move_pages(reg.addr(), pool.addr(), PAGE_SIZE, true, false) }.expect("move");
+        assert_eq!(write(3), 1, "first write after the split");
+        assert_eq!(write(3), 0, "second write to the same page");
+        assert_eq!(write(5), 1, "first write to another page of the block");
+    }
+
     #[test]
     fn move_does_not_carry_written_state() {
         use crate::mem::PageMap;

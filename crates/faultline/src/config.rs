@@ -69,7 +69,9 @@ pub struct Config {
     /// Fault lock discipline. Default [`LockMode::Hashed`].
     pub locks: LockMode,
     /// Number of locks in the hashed table (power of two). Default: the next
-    /// power of two of `2 * workers` (seed 003).
+    /// power of two of `2 * workers` (seed 003's sizing), at least 64: a
+    /// read-ahead run tries the locks of its pages, and with a table of 4 a
+    /// concurrent fault holds one of them a quarter of the time.
     pub fault_locks: usize,
     /// Events read per `read(2)` on the userfaultfd. Default 16.
     pub event_batch: usize,
@@ -198,7 +200,7 @@ impl Default for Config {
             workers,
             pin_workers: true,
             locks: LockMode::Hashed,
-            fault_locks: (2 * workers).next_power_of_two(),
+            fault_locks: (2 * workers).next_power_of_two().max(64),
             event_batch: 16,
             exclusive_wake: false,
             pcp: true,

@@ -202,7 +202,16 @@ impl Core {
             if self.stopping.load(Ordering::Acquire) {
                 return;
             }
-            let free = self.alloc.free_hint();
+            let mut free = self.alloc.free_hint();
+            if free < low {
+                // Pre-zeroed frames are free memory first (the zeroing
+                // worker makes more once memory is plentiful again).
+                let mut back: Vec<Frame> = std::mem::take(&mut *self.reserve.lock());
+                if !back.is_empty() {
+                    self.alloc.free_bulk(&mut back);
+                    free = self.alloc.free_hint();
+                }
+            }
             if free < low {
                 crate::reclaim::reclaim(self, high - free, None, || self.alloc.free_hint() >= high);
             }
@@ -311,11 +320,11 @@ impl ManagerBuilder {
         self
     }
 
-    /// Number of fault workers (the lock table follows: `2 x workers`
+    /// Number of fault workers (the lock table follows: `2 x workers`, at least 64,
     /// rounded up to a power of two).
     pub fn workers(mut self, n: usize) -> Self {
         self.config.workers = n;
-        self.config.fault_locks = (2 * n).next_power_of_two();
+        self.config.fault_locks = (2 * n).next_power_of_two().max(64);
         self
     }
 
@@ -485,13 +494,20 @@ impl Manager {
             },
         )?;
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
-        // Fault-around (and window-sized fault locks) only where a window's
-        // content is free to make and the lock key is the region's own.
+        // The lock window: pages that share a fault lock. Zero-filled 4 KiB
+        // regions: the fault-around window (one lock per window mapped at
+        // once). 4 KiB regions over a named object (a file): the largest
+        // read-ahead window, so a read-ahead run needs one or two locks, not
+        // one per page (with one per page, a concurrent read-ahead holds most
+        // of the table and every try_lock fails: 3.6x fewer sequential reads
+        // per second, docs/design.md); faults inside one window wait for each
+        // other, as the kernel's do for pages of a read-ahead in flight.
+        // Other stores (remote, slow: seed 003's case) and 2 MiB pages: the
+        // page, so a slow fault holds up no other page.
         let window = match page {
-            PageSize::Base4K if store.is_zero() && store.identity().is_none() => {
-                core.config.fault_around
-            }
-            _ => 1,
+            PageSize::Base4K if store.is_zero() => core.config.fault_around,
+            PageSize::Base4K if store.identity().is_some() => core.config.readahead_max,
+            PageSize::Base4K | PageSize::Huge2M => 1,
         };
         let inner = Arc::new(RegionInner::new(id, map, page, store, window));
         core.table.insert(Arc::clone(&inner));
@@ -909,8 +925,16 @@ impl Region {
             {
                 continue;
             }
-            let (domain, key) = r.lock_key(w.start);
-            let _g = core.locks.lock(domain, key);
+            // The window's locks (one, unless a file offset not aligned to
+            // the window splits it between two file windows).
+            let mut idx: Vec<usize> = w
+                .clone()
+                .map(|p| {
+                    let (domain, key) = r.lock_key(p);
+                    core.locks.index(domain, key)
+                })
+                .collect();
+            let _g = core.locks.lock_all(&mut idx);
             // Runs of resident pages backed by consecutive frames (a
             // fault-around run) go back with one UFFDIO_MOVE.
             let mut p = w.start;

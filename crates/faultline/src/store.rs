@@ -82,6 +82,13 @@ pub trait Store: Send + Sync + Debug {
     /// Makes every completed `write` durable.
     fn flush(&self) -> Result<(), StoreError>;
 
+    /// A hint that pages `[first, first + pages)` (of `page_size` bytes) will
+    /// be read soon: a store may start fetching them in the background
+    /// (asynchronous read-ahead). The default does nothing.
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        let _ = (first, pages, page_size);
+    }
+
     /// The backing object this store reads, and the byte offset in it of the
     /// region's first byte: `(object id, offset)`. Regions whose stores name
     /// the same object serialize faults on the same object page under one
@@ -187,6 +194,15 @@ impl Store for File {
         self.read_at(page, at, buf)
     }
 
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        // Best effort: a hint that fails changes nothing but speed.
+        let _ = faultline_sys::host::file_willneed(
+            &self.file,
+            self.at(first, page_size),
+            pages * page_size,
+        );
+    }
+
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         if !self.writable {
@@ -270,6 +286,10 @@ impl<S: Store> Store for Delayed<S> {
 
     fn identity(&self) -> Option<(u64, u64)> {
         self.inner.identity()
+    }
+
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        self.inner.will_read(first, pages, page_size);
     }
 }
 

@@ -53,7 +53,7 @@ impl BenchOpts {
         let mut c = Config::default();
         if let Some(w) = self.workers {
             c.workers = w;
-            c.fault_locks = (2 * w).next_power_of_two();
+            c.fault_locks = (2 * w).next_power_of_two().max(64);
         }
         c.pin_workers = !self.no_pin;
         if let Some(s) = self.spin_us {

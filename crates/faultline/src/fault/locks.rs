@@ -1,7 +1,7 @@
 //! Fault locks: serialize the resolution of one page (seed 003).
 //!
 //! A table of `n` cache-line-padded mutexes, `n` a power of two (by default
-//! the next power of two of `2 x workers`); the page with key `(domain, page)`
+//! the next power of two of `2 x workers`, at least 64); the page with key `(domain, page)`
 //! uses lock `hash(domain, page) & (n - 1)`. The domain is the region, or for
 //! a store that names its backing object ([`crate::Store::identity`]) that
 //! object, so two regions over one file serialize the same file page. With

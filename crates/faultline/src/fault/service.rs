@@ -287,7 +287,6 @@ fn resolve(
         && attempt == 0
         && region.page_size == PageSize::Base4K
         && !region.store.is_zero()
-        && plentiful
     {
         let window = region.readahead(page, core.config.readahead_max);
         let (d0, k0) = region.lock_key(page);
@@ -317,6 +316,15 @@ fn resolve(
         if n > 1 {
             Stats::bump(&core.stats.readaheads);
         }
+        if window > 1 {
+            // Asynchronous read-ahead: the store starts on the stream's next
+            // window while this one is read, filled and mapped.
+            let next = page + n;
+            let ahead = window.min(region.pages().saturating_sub(next));
+            if ahead > 0 {
+                region.store.will_read(next as u64, ahead, PAGE_SIZE);
+            }
+        }
         (page, n)
     } else {
         (first, count)
@@ -332,10 +340,27 @@ fn resolve(
     // The fault lock this worker holds: reclaim may step pages under it.
     let (domain, key) = region.lock_key(page);
     let held = Some(core.locks.index(domain, key));
-    let (first, count, mut frame) = match prezeroed
-        .or_else(|| core.alloc_or_reclaim_reserve(order, held))
-    {
-        Some(f) => (first, count, f),
+    let run = if count > 1 && !region.store.is_zero() {
+        // Read-ahead: the longest free run up to the window, from what is
+        // free now (never reclaiming for pages not asked for yet); the
+        // faulting page is the run's first.
+        let mut k = order;
+        loop {
+            if let Some(f) = core.alloc.alloc(k) {
+                break Some((first, 1usize << (k - region.page_size.order()), f));
+            }
+            if k == region.page_size.order() + 1 {
+                break None;
+            }
+            k -= 1;
+        }
+    } else {
+        prezeroed
+            .or_else(|| core.alloc_or_reclaim_reserve(order, held))
+            .map(|f| (first, count, f))
+    };
+    let (first, count, mut frame) = match run {
+        Some(r) => r,
         // No free run that long: the faulting page alone.
         None if count > 1 => match core.alloc_or_reclaim_reserve(region.page_size.order(), held) {
             Some(f) => (page, 1, f),

@@ -123,15 +123,16 @@ impl RegionInner {
         self.start() + page * self.page_size.bytes()
     }
 
-    /// The fault lock key of page `page`: `(domain, page key)`. For a store
-    /// that names its object, the object and the object page, so regions
-    /// over one object serialize the same page; otherwise the region and the
-    /// page's fault-around window.
+    /// The fault lock key of page `page`: `(domain, window key)`. For a
+    /// store that names its object, the object and the object page's window
+    /// (object page `>>` window shift), so regions over one object serialize
+    /// the same page; otherwise the region and the page's window.
     pub fn lock_key(&self, page: usize) -> (u64, u64) {
         match self.store.identity() {
-            Some((object, offset)) => {
-                (object, offset / self.page_size.bytes() as u64 + page as u64)
-            }
+            Some((object, offset)) => (
+                object,
+                (offset / self.page_size.bytes() as u64 + page as u64) >> self.window_shift,
+            ),
             None => (self.id, (page >> self.window_shift) as u64),
         }
     }
