@@ -216,7 +216,7 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
         region.flush()?;
         println!(
             "out-of-core: dataset {} MiB through a {} MiB budget, {} threads, {:.1} s: {:.0} ops/s (4 KiB, 25% writes); \
-             {} faults, {} evictions, {} write-backs; resident {} MiB; every written page verified",
+             {} faults, {} evictions, {} write-backs ({} evicted pages were clean, not written); resident {} MiB; every written page verified",
             len >> 20,
             budget >> 20,
             opts.threads,
@@ -225,6 +225,7 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
             after.faults() - before.faults(),
             after.evicted - before.evicted,
             after.written_back - before.written_back,
+            after.clean_skipped - before.clean_skipped,
             ((after.frames_total - after.frames_free) * 4096) >> 20,
         );
         Ok(())
