@@ -36,7 +36,7 @@
 //! list, the pool's split lock). The job list's mutex is a leaf.
 
 use crate::config::{CopyMethod, PageSize};
-use crate::fault::service::{self, MoveFailure};
+use crate::fault::service;
 use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
@@ -523,14 +523,7 @@ fn migrate_batch(
             i += 1;
             continue;
         }
-        let mut n = 1;
-        while i + n < todo.len()
-            && todo[i + n].resident
-            && todo[i + n].page == t.page + n
-            && new[i + n].index() == new[i].index() + n as u32 * per_unit
-        {
-            n += 1;
-        }
+        let n = run_at(&todo, i, per_unit, |j| new[j].index());
         if let Err(e) = move_in(core, r, t.page, new[i].index(), n, order) {
             first_err.get_or_insert(e);
         }
@@ -575,6 +568,21 @@ fn runs(core: &Core, pairs: &[(u32, u32)], unit: usize, per_unit: u32) -> Vec<Pi
     out
 }
 
+/// Length of the run of resident pages starting at `todo[i]`: consecutive
+/// pages whose frames (`frame(j)` for entry `j`) are consecutive too, so one
+/// move takes them all.
+fn run_at(todo: &[Todo], i: usize, per_unit: u32, frame: impl Fn(usize) -> u32) -> usize {
+    let mut n = 1;
+    while i + n < todo.len()
+        && todo[i + n].resident
+        && todo[i + n].page == todo[i].page + n
+        && frame(i + n) == frame(i) + n as u32 * per_unit
+    {
+        n += 1;
+    }
+    n
+}
+
 /// Moves the resident pages of `todo` out of the region into their old
 /// frames' slots (runs of consecutive pages with consecutive frames in one
 /// move; a run that does not move whole is retried page by page). A page
@@ -591,14 +599,7 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
             i += 1;
             continue;
         }
-        let mut n = 1;
-        while i + n < todo.len()
-            && todo[i + n].resident
-            && todo[i + n].page == t.page + n
-            && todo[i + n].old == t.old + n as u32 * per_unit
-        {
-            n += 1;
-        }
+        let n = run_at(todo, i, per_unit, |j| todo[j].old);
         let slot = core.pool.slot_addr(t.old);
         // SAFETY: the pages are resident under their locks and their frames'
         // slots are the holes they left; faultline holds no reference into
@@ -682,16 +683,10 @@ fn move_in(
             }
             // The waiters refault and unpark.
             let _ = core.uffd.wake(addr, len);
-            let source = match e {
-                MoveFailure::Sys(e) => e,
-                MoveFailure::Exists => SysError {
-                    op: "UFFDIO_MOVE",
-                    addr,
-                    len,
-                    errno: libc::EEXIST,
-                },
-            };
-            Err(MigrateError::Move { addr, source })
+            Err(MigrateError::Move {
+                addr,
+                source: e.into_sys(addr, len),
+            })
         }
     }
 }

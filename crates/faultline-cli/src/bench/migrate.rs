@@ -88,6 +88,16 @@ fn pass(
     Ok(())
 }
 
+/// One reference copy: streaming stores (`nt`) or `memcpy`.
+fn copy(nt: bool, d: &mut [u8], s: &[u8]) {
+    if nt {
+        faultline::migrate::copy_large(d, s);
+    } else {
+        d.copy_from_slice(s);
+    }
+    std::hint::black_box(&d[0]);
+}
+
 /// Plain copies of 2 MiB between two buffers of `span` bytes (warm, but
 /// larger than the caches, as the migrated frames are), each copy a different
 /// 2 MiB pair, on `threads` threads (each a share); µs per 2 MiB, `reps`
@@ -120,12 +130,7 @@ fn memcpy_row(span: usize, threads: usize, reps: usize, nt: bool) -> Vec<f64> {
         if threads == 1 {
             // On this thread: no spawn, no hand-off.
             let t0 = Instant::now();
-            if nt {
-                faultline::migrate::copy_large(d, sr);
-            } else {
-                d.copy_from_slice(sr);
-            }
-            std::hint::black_box(&d[0]);
+            copy(nt, d, sr);
             samples.push(t0.elapsed().as_secs_f64() * 1e6);
             continue;
         }
@@ -145,12 +150,7 @@ fn memcpy_row(span: usize, threads: usize, reps: usize, nt: bool) -> Vec<f64> {
                             std::hint::spin_loop();
                         }
                         let t0 = Instant::now();
-                        if nt {
-                            faultline::migrate::copy_large(d, sr);
-                        } else {
-                            d.copy_from_slice(sr);
-                        }
-                        std::hint::black_box(&d[0]);
+                        copy(nt, d, sr);
                         (t0, Instant::now())
                     })
                 })

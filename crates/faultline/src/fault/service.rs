@@ -475,6 +475,21 @@ pub(crate) enum MoveFailure {
     Sys(SysError),
 }
 
+impl MoveFailure {
+    /// The failure as the ioctl's error (`EEXIST` for `Exists`).
+    pub(crate) fn into_sys(self, addr: usize, len: usize) -> SysError {
+        match self {
+            MoveFailure::Sys(e) => e,
+            MoveFailure::Exists => SysError {
+                op: "UFFDIO_MOVE",
+                addr,
+                len,
+                errno: libc::EEXIST,
+            },
+        }
+    }
+}
+
 /// What the page tables say about a move the kernel did not report as done.
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
@@ -650,16 +665,10 @@ fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution 
             // The data stays safe in its frame; the thread refaults and the
             // next attempt tries again.
             region.set_state(page, PageState::Parked(f));
-            let source = match e {
-                MoveFailure::Sys(e) => e,
-                MoveFailure::Exists => SysError {
-                    op: "UFFDIO_MOVE",
-                    addr,
-                    len,
-                    errno: libc::EEXIST,
-                },
-            };
-            core.record(FaultError::Move { addr, source });
+            core.record(FaultError::Move {
+                addr,
+                source: e.into_sys(addr, len),
+            });
             wake(core, region, page);
             Resolution::AlreadyMapped
         }
