@@ -1,12 +1,13 @@
 //! A long stress test with a checksum oracle: threads race faults on shared
-//! regions and churn private ones (map, write, verify, unmap) for a while;
+//! regions — which a migrator moves between two pools and collapses
+//! meanwhile — and churn private ones (map, write, verify, unmap) for a while;
 //! every word written must read back, every untouched word must be zero, and
 //! at the end every frame is back in the pool. Needs userfaultfd (root);
 //! fails with the reason otherwise. `FAULTLINE_STRESS_SECS` sets the length
 //! (default 8 s).
 
 use faultline::store::Zero;
-use faultline::{MapOptions, PageSize};
+use faultline::{MapOptions, MigrateError, PageSize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,16 @@ fn stress_checksum_oracle() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    let mm = common::manager(128 * MIB);
+    // Pool 0 plus a tier the shared regions migrate to and from meanwhile.
+    let mm = common::manager_with(
+        faultline::Config {
+            budget: 128 * MIB,
+            workers: 2,
+            fault_locks: 4,
+            ..faultline::Config::default()
+        }
+        .with_tier(64 * MIB),
+    );
     let threads = 4;
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
@@ -39,7 +49,28 @@ fn stress_checksum_oracle() {
         )
         .expect("map");
     let deadline = Instant::now() + Duration::from_secs(secs);
+    let migrations = AtomicU64::new(0);
     let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = std::thread::scope(|s| {
+        // 3. A migrator: moves both shared regions between the pools and
+        //    collapses the 4 KiB one's fully touched blocks, while the
+        //    threads write them.
+        s.spawn(|| {
+            let mut to = 1;
+            while Instant::now() < deadline {
+                for r in [&shared_4k, &shared_2m] {
+                    match r.migrate(0..r.len(), to) {
+                        Ok(_) | Err(MigrateError::PoolFull { .. }) => {}
+                        Err(e) => panic!("migrate: {e}"),
+                    }
+                }
+                match shared_4k.collapse(0..shared_4k.len()) {
+                    Ok(_) | Err(MigrateError::NotResident { .. }) => {}
+                    Err(e) => panic!("collapse: {e}"),
+                }
+                to = 1 - to;
+                migrations.fetch_add(1, Ordering::Relaxed);
+            }
+        });
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let (mm, stop, checked) = (&mm, &stop, &checked);
@@ -144,6 +175,7 @@ fn stress_checksum_oracle() {
         }
     }
     assert!(checked.load(Ordering::Relaxed) > 0);
+    assert!(migrations.load(Ordering::Relaxed) > 0);
     if let Some(e) = mm.take_error() {
         panic!("fault error during the stress run: {e}");
     }
@@ -153,7 +185,8 @@ fn stress_checksum_oracle() {
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
     assert_eq!(st.poisoned, 0, "{st}");
     println!(
-        "stress: {} private regions checked\n{st}",
-        checked.load(Ordering::Relaxed)
+        "stress: {} private regions checked, {} migration rounds\n{st}",
+        checked.load(Ordering::Relaxed),
+        migrations.load(Ordering::Relaxed)
     );
 }
