@@ -182,7 +182,21 @@ impl Core {
                 return None;
             }
         }
-        self.alloc.alloc(order)
+        // Still nothing: the reclaimable pages may be under fault locks other
+        // workers hold for a moment (with a budget of a few frames, two
+        // concurrent faults can hold every one), or the frames just freed
+        // went to another fault. Wait for them rather than fail the fault —
+        // up to 2 s, then the fault is refused (SIGBUS, cause queued).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            crate::reclaim::reclaim(self, want, held, || false);
+            if let Some(f) = self.alloc.alloc(order) {
+                Stats::bump(&self.stats.reclaim_waits);
+                return Some(f);
+            }
+        }
+        None
     }
 
     /// The background reclaimer: wakes every 10 ms and, when free memory is

@@ -281,7 +281,12 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
             }
             core.pool.set_zeroed(&frame, false);
             r.set_state(page, PageState::Absent);
-            evicted.push(frame);
+            if frame.order() == 0 {
+                evicted.push(frame);
+            } else {
+                // Nothing to merge: free it now, for whoever waits for it.
+                core.alloc.free(frame);
+            }
             Stats::bump(&core.stats.evicted);
             len / PAGE_SIZE
         }

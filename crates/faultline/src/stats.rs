@@ -44,6 +44,7 @@ pub struct Stats {
     pub(crate) evicted: AtomicU64,
     pub(crate) written_back: AtomicU64,
     pub(crate) clean_skipped: AtomicU64,
+    pub(crate) reclaim_waits: AtomicU64,
     pub(crate) migrated_pages: AtomicU64,
     pub(crate) collapses: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
@@ -84,6 +85,7 @@ impl Stats {
             parked: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             clean_skipped: AtomicU64::new(0),
+            reclaim_waits: AtomicU64::new(0),
             migrated_pages: AtomicU64::new(0),
             collapses: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
@@ -134,6 +136,7 @@ impl Stats {
             deferrals: r(&self.deferrals),
             written_back: r(&self.written_back),
             clean_skipped: r(&self.clean_skipped),
+            reclaim_waits: r(&self.reclaim_waits),
             evicted: r(&self.evicted),
             parked: r(&self.parked),
             unparked: r(&self.unparked),
@@ -228,6 +231,9 @@ pub struct StatsSnapshot {
     /// Pages of writable stores found clean (their bytes are the store's) and
     /// so not written back, at eviction or flush.
     pub clean_skipped: u64,
+    /// Faults that found no frame after four reclaim passes and got one by
+    /// waiting for other workers to release theirs.
+    pub reclaim_waits: u64,
     /// Pages reclaim evicted (frame freed).
     pub evicted: u64,
     /// Pages reclaim soft-unmapped (parked).
@@ -297,8 +303,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "reclaim     parked {}, evicted {}, unparked {}, written back {} (clean, not written: {}); read-aheads {}",
-            self.parked, self.evicted, self.unparked, self.written_back, self.clean_skipped, self.readaheads
+            "reclaim     parked {}, evicted {}, unparked {}, written back {} (clean, not written: {}); read-aheads {}; waits for a frame {}",
+            self.parked, self.evicted, self.unparked, self.written_back, self.clean_skipped, self.readaheads, self.reclaim_waits
         )?;
         writeln!(
             f,
