@@ -44,7 +44,7 @@ use crate::stats::Stats;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use faultline_sys::mem::PageMap;
 use faultline_sys::uffd::Resolved;
-use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
+use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -90,15 +90,6 @@ pub enum MigrateError {
     NotResident {
         /// The page.
         addr: usize,
-    },
-    /// A move failed; the page's data is safe (parked or unmoved).
-    #[error("moving page {addr:#x}: {source}")]
-    Move {
-        /// The page.
-        addr: usize,
-        /// The ioctl's error.
-        #[source]
-        source: SysError,
     },
 }
 
@@ -514,7 +505,6 @@ fn migrate_batch(
     report.bytes += todo.len() * unit;
     // Move the new frames in: runs of consecutive resident pages whose new
     // frames are consecutive go in one move.
-    let mut first_err = None;
     let mut i = 0;
     while i < todo.len() {
         let t = todo[i];
@@ -524,9 +514,7 @@ fn migrate_batch(
             continue;
         }
         let n = run_at(&todo, i, per_unit, |j| new[j].index());
-        if let Err(e) = move_in(core, r, t.page, new[i].index(), n, order) {
-            first_err.get_or_insert(e);
-        }
+        move_in(core, r, t.page, new[i].index(), n, order);
         i += n;
     }
     report.pages += todo.len();
@@ -543,7 +531,7 @@ fn migrate_batch(
     core.alloc.free_bulk(&mut old);
     // The `new` frames now belong to their pages (resident or parked): the
     // region's page states record them.
-    first_err.map_or(Ok(()), Err)
+    Ok(())
 }
 
 /// Copy runs for `(old, new)` frame index pairs: consecutive pairs whose old
@@ -645,16 +633,12 @@ fn move_out_one(core: &Core, r: &RegionInner, t: Todo) -> bool {
 }
 
 /// Records `n` pages from `page` as resident in the frames from `first` and
-/// moves them in (waking their waiters). On failure they are recorded as
-/// parked in those frames, where their data is.
-fn move_in(
-    core: &Core,
-    r: &RegionInner,
-    page: usize,
-    first: u32,
-    n: usize,
-    order: u8,
-) -> Result<(), MigrateError> {
+/// moves them in (waking their waiters). If the kernel keeps refusing the
+/// move (seen once in two minutes of the release-mode stress test: a 2 MiB
+/// move answering `EAGAIN` for 50 ms), they are recorded as *parked* in
+/// those frames instead — their data is there, in the target pool, and the
+/// next touch maps it (an unpark) — and false is returned.
+fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, order: u8) -> bool {
     let unit = r.page_size.bytes();
     let per_unit = (unit / PAGE_SIZE) as u32;
     let addr = r.page_addr(page);
@@ -669,13 +653,12 @@ fn move_in(
     } else {
         None
     };
-    let moved = service::move_frame(core, r, addr, core.pool.slot_addr(first), len);
-    match moved {
+    match service::move_frame(core, r, addr, core.pool.slot_addr(first), len) {
         Ok(()) => {
             if let Some(g) = split {
                 g.mark_split();
             }
-            Ok(())
+            true
         }
         Err(e) => {
             for i in 0..n {
@@ -683,10 +666,11 @@ fn move_in(
             }
             // The waiters refault and unpark.
             let _ = core.uffd.wake(addr, len);
-            Err(MigrateError::Move {
-                addr,
-                source: e.into_sys(addr, len),
-            })
+            tracing::warn!(addr, len, error = %e.into_sys(addr, len), "migration left pages parked");
+            core.stats
+                .migrate_left_parked
+                .fetch_add(n as u64, Ordering::Relaxed);
+            false
         }
     }
 }
@@ -775,16 +759,9 @@ pub(crate) fn collapse(
     move_out(core, r, &mut todo);
     if todo.len() < t {
         // Some page would not move out: put back those that did, give up.
-        for x in &todo {
-            if x.resident {
-                if let Err(e) = move_in(core, r, x.page, x.old, 1, 0) {
-                    core.record(crate::FaultError::Inconsistent {
-                        addr: r.page_addr(x.page),
-                        what: "collapse could not move a page back (left parked)",
-                    });
-                    let _ = e;
-                }
-            }
+        // (A page the kernel will not take back stays parked in its frame.)
+        for x in todo.iter().filter(|x| x.resident) {
+            move_in(core, r, x.page, x.old, 1, 0);
         }
         core.alloc.free(huge);
         return Err(MigrateError::NotCollapsible {
@@ -800,7 +777,7 @@ pub(crate) fn collapse(
     report.copy_ns += run_copy(core, &runs(core, &pairs, PAGE_SIZE, 1), plan);
     report.bytes += HUGE_PAGE_SIZE;
     let g = huge.index();
-    let result = move_in(core, r, first, g, PAGES_PER_HUGE, 0);
+    move_in(core, r, first, g, PAGES_PER_HUGE, 0);
     let mut old: Vec<Frame> = todo.iter().map(|x| Frame::from_parts(x.old, 0)).collect();
     for f in &old {
         core.pool.set_zeroed(f, false);
@@ -811,7 +788,7 @@ pub(crate) fn collapse(
     // frame each, as the region records them); `huge` goes out of scope.
     report.pages += PAGES_PER_HUGE;
     Stats::bump(&core.stats.collapses);
-    result.map(|()| true)
+    Ok(true)
 }
 
 #[cfg(test)]

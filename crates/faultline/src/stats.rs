@@ -47,6 +47,7 @@ pub struct Stats {
     pub(crate) reclaim_waits: AtomicU64,
     pub(crate) migrated_pages: AtomicU64,
     pub(crate) collapses: AtomicU64,
+    pub(crate) migrate_left_parked: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
@@ -88,6 +89,7 @@ impl Stats {
             reclaim_waits: AtomicU64::new(0),
             migrated_pages: AtomicU64::new(0),
             collapses: AtomicU64::new(0),
+            migrate_left_parked: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
             hist: (0..workers.max(1))
@@ -144,6 +146,7 @@ impl Stats {
             readaheads: r(&self.readaheads),
             migrated_pages: r(&self.migrated_pages),
             collapses: r(&self.collapses),
+            migrate_left_parked: r(&self.migrate_left_parked),
             copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
             frames_prezeroed: 0,
@@ -248,6 +251,9 @@ pub struct StatsSnapshot {
     pub migrated_pages: u64,
     /// 2 MiB blocks of 4 KiB pages collapsed into one huge frame.
     pub collapses: u64,
+    /// Migrated pages left parked in their new frame because the kernel kept
+    /// refusing the move in (the next touch maps them).
+    pub migrate_left_parked: u64,
     /// Migration copy chunks done by idle fault workers.
     pub copy_chunks_helped: u64,
     /// Fault lock statistics (lockstat), summed over the table.
@@ -308,8 +314,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "migration   {} pages migrated, {} collapses, {} copy chunks by idle workers",
-            self.migrated_pages, self.collapses, self.copy_chunks_helped
+            "migration   {} pages migrated ({} left parked), {} collapses, {} copy chunks by idle workers",
+            self.migrated_pages, self.migrate_left_parked, self.collapses, self.copy_chunks_helped
         )?;
         writeln!(
             f,
