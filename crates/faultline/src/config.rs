@@ -143,6 +143,12 @@ pub struct Config {
     /// machine. Faults never take frames from them; pages get there by
     /// `Region::migrate`. Default none. See [`Config::with_node_pools`].
     pub extra_pools: Vec<PoolSpec>,
+    /// Share of the budget (%) kept as a small-page zone: mapped without
+    /// transparent huge pages, it gives 4 KiB frames that move out without
+    /// splitting a THP (a ~1 ms split, and a copy-on-write fault with a TLB
+    /// flush on the first write to each other page of the block). 2 MiB
+    /// frames come from the rest first. Default 0.
+    pub small_zone_pct: usize,
     /// How migration copies a frame. Default [`CopyMethod::ChunkedNt`]
     /// (measured fastest when the pages moved exceed the caches; see
     /// docs/design.md, "Migration").
@@ -222,6 +228,7 @@ impl Default for Config {
             spin_us: 0,
             node: None,
             extra_pools: Vec::new(),
+            small_zone_pct: 0,
             migrate_copy: CopyMethod::ChunkedNt,
             migrate_threads: 1,
             migrate_chunk: 64 << 10,
@@ -389,6 +396,13 @@ impl Config {
                 field: "migrate_chunk",
                 value: self.migrate_chunk,
                 why: "a power of two from 4 KiB to 2 MiB",
+            });
+        }
+        if self.small_zone_pct > 100 {
+            return Err(ConfigError::OutOfRange {
+                field: "small_zone_pct",
+                value: self.small_zone_pct,
+                why: "0..=100",
             });
         }
         if !self.readahead_max.is_power_of_two() || self.readahead_max > 512 {

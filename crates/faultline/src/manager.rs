@@ -19,6 +19,7 @@
 
 use crate::config::{Config, ConfigError, LockMode, MapOptions, PageSize};
 use crate::fault::{service, FaultError, FaultLocks};
+use crate::frame::pools::PartSpec;
 use crate::frame::{AllocConfig, Frame, FrameAllocator, FramePools, Pool, PoolError, PoolId};
 use crate::migrate::{CopyPlan, MigrateError, MigrateReport};
 use crate::region::{PageState, RegionInner, RegionTable};
@@ -366,16 +367,42 @@ impl ManagerBuilder {
         let config = self.config;
         config.validate()?;
         let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features::THREAD_ID)?;
-        let parts: Vec<(usize, Option<u32>)> = std::iter::once((config.budget, config.node))
-            .chain(config.extra_pools.iter().map(|p| (p.bytes, p.node)))
-            .collect();
+        // Pool 0 (the budget), its small-page zone first if any (so that the
+        // THP zone's 2 MiB blocks keep the high addresses), then the others.
+        let huge_unit = faultline_sys::HUGE_PAGE_SIZE;
+        let small = (config.budget / 100 * config.small_zone_pct) / huge_unit * huge_unit;
+        let mut parts: Vec<PartSpec> = Vec::new();
+        if small > 0 {
+            parts.push(PartSpec {
+                bytes: small,
+                node: config.node,
+                pool: 0,
+                huge: false,
+            });
+        }
+        if config.budget > small {
+            parts.push(PartSpec {
+                bytes: config.budget - small,
+                node: config.node,
+                pool: 0,
+                huge: true,
+            });
+        }
+        parts.extend(
+            config
+                .extra_pools
+                .iter()
+                .enumerate()
+                .map(|(i, p)| PartSpec {
+                    bytes: p.bytes,
+                    node: p.node,
+                    pool: i + 1,
+                    huge: true,
+                }),
+        );
         let pool = Pool::new(&parts, &uffd)?;
-        let pages: Vec<usize> = parts
-            .iter()
-            .map(|p| p.0 / faultline_sys::PAGE_SIZE)
-            .collect();
         let alloc = FramePools::new(
-            &pages,
+            &parts,
             AllocConfig {
                 pcp: config.pcp,
                 batch: config.pcp_batch,

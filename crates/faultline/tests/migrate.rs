@@ -289,3 +289,39 @@ fn one_pool_per_numa_node() {
     };
     assert!(bad.validate().is_err());
 }
+
+#[test]
+fn small_page_zone_serves_4k_frames_and_thp_zone_2m() {
+    let mm = common::manager_with(Config {
+        budget: 32 * MIB,
+        workers: 2,
+        fault_locks: 4,
+        small_zone_pct: 50,
+        ..Config::default()
+    });
+    assert_eq!(mm.pools(), 1);
+    let mut small = mm.map(8 * MIB, Zero, MapOptions::new()).expect("map 4k");
+    let mut huge = mm
+        .map(8 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
+        .expect("map 2m");
+    small.as_mut_slice().fill(3);
+    huge.as_mut_slice().fill(4);
+    assert!(small.as_slice().iter().all(|&b| b == 3));
+    assert!(huge.as_slice().iter().all(|&b| b == 4));
+    let pm = PageMap::open().expect("pagemap");
+    assert_eq!(
+        pm.huge_bytes(huge.addr(), huge.addr() + huge.len())
+            .expect("scan"),
+        8 * MIB,
+        "2 MiB pages come from the THP zone, PMD-mapped"
+    );
+    // A collapse takes its 2 MiB frame from the THP zone too.
+    small.collapse(0..2 * MIB).expect("collapse");
+    assert_eq!(
+        pm.huge_bytes(small.addr(), small.addr() + 2 * MIB)
+            .expect("scan"),
+        2 * MIB
+    );
+    assert!(small.as_slice().iter().all(|&b| b == 3));
+    assert!(mm.take_error().is_none());
+}

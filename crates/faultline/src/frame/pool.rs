@@ -117,25 +117,38 @@ impl SplitGuard<'_> {
 
 impl Pool {
     /// Maps, populates and registers a pool mapping made of consecutive
-    /// pools of `parts[i].0` bytes (multiples of 2 MiB), each bound to NUMA
-    /// node `parts[i].1` if it names one (see [`super::pools`]).
-    pub fn new(parts: &[(usize, Option<u32>)], uffd: &Uffd) -> Result<Pool, PoolError> {
-        let bytes: usize = parts.iter().map(|p| p.0).sum();
+    /// parts (see [`super::pools`]): `bytes` each (multiples of 2 MiB), bound
+    /// to NUMA node `node` if one is named, and backed by transparent huge
+    /// pages unless `huge` is false (a small-page zone: 4 KiB pages that
+    /// move out without splitting a THP).
+    pub fn new(parts: &[super::pools::PartSpec], uffd: &Uffd) -> Result<Pool, PoolError> {
+        let bytes: usize = parts.iter().map(|p| p.bytes).sum();
         debug_assert!(bytes % HUGE_PAGE_SIZE == 0 && bytes > 0);
         let map = Mapping::anonymous(bytes, HUGE_PAGE_SIZE)?;
         let mut at = map.addr();
-        for &(len, node) in parts {
-            if let Some(node) = node {
+        for p in parts {
+            if let Some(node) = p.node {
                 // Before populating: the policy decides where pages come from.
-                map.bind_node(at, len, node)?;
+                map.bind_node(at, p.bytes, node)?;
             }
-            at += len;
+            at += p.bytes;
         }
         let thp =
             host::thp_mode().usable() && map.advise(map.addr(), bytes, Advice::HugePage).is_ok();
         // Frames must stay exclusive to this process for UFFDIO_MOVE: a child
         // of fork() must not share them copy-on-write.
         map.advise(map.addr(), bytes, Advice::DontFork)?;
+        // Small-page zones: no THP, so their 4 KiB frames are small folios
+        // from the start.
+        let mut at = map.addr();
+        let mut huge_blocks = Vec::with_capacity(bytes / HUGE_PAGE_SIZE);
+        for p in parts {
+            if thp && !p.huge {
+                map.advise(at, p.bytes, Advice::NoHugePage)?;
+            }
+            huge_blocks.extend((0..p.bytes / HUGE_PAGE_SIZE).map(|_| thp && p.huge));
+            at += p.bytes;
+        }
         map.advise(map.addr(), bytes, Advice::PopulateWrite)?;
         uffd.register(
             map.addr(),
@@ -149,9 +162,7 @@ impl Pool {
         let zeroed = (0..pages.div_ceil(64))
             .map(|_| AtomicU64::new(u64::MAX))
             .collect();
-        let pmd_mapped = (0..pages / PAGES_PER_HUGE)
-            .map(|_| AtomicBool::new(thp))
-            .collect();
+        let pmd_mapped = huge_blocks.into_iter().map(AtomicBool::new).collect();
         Ok(Pool {
             map,
             pages,

@@ -16,6 +16,15 @@
 //! frame, found from its index; pool 0 has base 0, so the fault path's
 //! alloc and free pay one comparison for this.
 //!
+//! A pool may have two *zones* (parts with the same pool id): THP-backed
+//! blocks, and a small-page zone mapped `MADV_NOHUGEPAGE`
+//! (`Config::small_zone_pct`). Order-9 frames come from the THP zone first
+//! (they move as one PMD), smaller ones from the small-page zone first: a
+//! 4 KiB move out of a THP splits its folio (~1 ms) and leaves the block's
+//! other pages write-protected, so each one's first write takes a
+//! copy-on-write fault with a TLB flush (docs/design.md); a small-page zone
+//! has neither.
+//!
 //! Invariant, for each pool: `free(p) + outstanding(p) = pages(p)` (each
 //! allocator checks its own), and so `sum free + outstanding = pool pages`.
 //!
@@ -27,10 +36,25 @@ use super::pool::Frame;
 /// A pool's number: 0 is the budget (the pool faults allocate from).
 pub type PoolId = usize;
 
+/// One part of the pool mapping: its size, node binding, pool and zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartSpec {
+    /// Bytes, a multiple of 2 MiB.
+    pub bytes: usize,
+    /// NUMA node the part is bound to, if any.
+    pub node: Option<u32>,
+    /// The pool it belongs to.
+    pub pool: PoolId,
+    /// Backed by transparent huge pages (false: the small-page zone).
+    pub huge: bool,
+}
+
 #[derive(Debug)]
 struct Part {
     base: u32,
     pages: usize,
+    pool: PoolId,
+    huge: bool,
     alloc: FrameAlloc,
 }
 
@@ -38,74 +62,109 @@ struct Part {
 #[derive(Debug)]
 pub struct FramePools {
     parts: Vec<Part>,
+    pools: usize,
 }
 
 impl FramePools {
-    /// Pools of `pages[i]` 4 KiB pages each (multiples of 512), laid out in
-    /// order from index 0, all free.
-    pub fn new(pages: &[usize], config: AllocConfig) -> FramePools {
+    /// Parts laid out in order from index 0 (sizes multiples of 2 MiB), all
+    /// free. Pool ids must start at 0 and be contiguous.
+    pub fn new(specs: &[PartSpec], config: AllocConfig) -> FramePools {
         let mut base = 0usize;
-        let parts = pages
+        let parts = specs
             .iter()
-            .map(|&n| {
+            .map(|s| {
+                let n = s.bytes / faultline_sys::PAGE_SIZE;
                 debug_assert!(n % super::PAGES_PER_HUGE == 0 && n > 0);
                 let p = Part {
                     base: base as u32,
                     pages: n,
+                    pool: s.pool,
+                    huge: s.huge,
                     alloc: FrameAlloc::new(n, config),
                 };
                 base += n;
                 p
             })
             .collect();
-        FramePools { parts }
+        FramePools {
+            parts,
+            pools: specs.iter().map(|s| s.pool + 1).max().unwrap_or(1),
+        }
+    }
+
+    /// The parts of `pool`, in the order an allocation of `order` tries them.
+    fn zones(&self, pool: PoolId, order: u8) -> impl Iterator<Item = &Part> {
+        let want_huge = order >= super::HUGE_ORDER;
+        let preferred = self
+            .parts
+            .iter()
+            .filter(move |p| p.pool == pool && p.huge == want_huge);
+        let other = self
+            .parts
+            .iter()
+            .filter(move |p| p.pool == pool && p.huge != want_huge);
+        preferred.chain(other)
+    }
+
+    fn part_of(&self, index: u32) -> &Part {
+        let i = self
+            .parts
+            .iter()
+            .rposition(|p| p.base <= index)
+            .unwrap_or(0);
+        &self.parts[i]
     }
 
     /// Number of pools.
     pub fn count(&self) -> usize {
-        self.parts.len()
+        self.pools
     }
 
     /// The pool that owns frame index `index`.
     pub fn pool_of(&self, index: u32) -> PoolId {
-        // Few pools: a scan from the top (pool 0 has base 0, so it always
-        // matches last).
-        self.parts
-            .iter()
-            .rposition(|p| p.base <= index)
-            .unwrap_or(0)
+        self.part_of(index).pool
     }
 
     /// Pages of pool `pool`.
     pub fn pages_in(&self, pool: PoolId) -> usize {
-        self.parts.get(pool).map_or(0, |p| p.pages)
+        self.parts
+            .iter()
+            .filter(|p| p.pool == pool)
+            .map(|p| p.pages)
+            .sum()
     }
 
     /// Free pages of pool `pool`.
     pub fn free_pages_in(&self, pool: PoolId) -> usize {
-        self.parts.get(pool).map_or(0, |p| p.alloc.free_pages())
+        self.parts
+            .iter()
+            .filter(|p| p.pool == pool)
+            .map(|p| p.alloc.free_pages())
+            .sum()
     }
 
     /// A frame of `order` from pool `pool`, or `None` if it has no free run
     /// that large (or there is no such pool).
     pub fn alloc_in(&self, pool: PoolId, order: u8) -> Option<Frame> {
-        let p = self.parts.get(pool)?;
-        let f = p.alloc.alloc(order)?;
-        Some(globalize(p.base, f))
+        self.zones(pool, order)
+            .find_map(|p| p.alloc.alloc(order).map(|f| globalize(p.base, f)))
     }
 
     /// Up to `n` frames of `order` from pool `pool`, appended to `out`
     /// (contiguous runs preferred); returns how many.
     pub fn alloc_bulk_in(&self, pool: PoolId, order: u8, n: usize, out: &mut Vec<Frame>) -> usize {
-        let Some(p) = self.parts.get(pool) else {
-            return 0;
-        };
-        let start = out.len();
-        let got = p.alloc.alloc_bulk(order, n, out);
-        if p.base != 0 {
-            for f in &mut out[start..] {
-                let g = Frame::from_parts(f.index() + p.base, f.order());
-                *f = g;
+        let mut got = 0;
+        for p in self.zones(pool, order) {
+            if got == n {
+                break;
+            }
+            let start = out.len();
+            got += p.alloc.alloc_bulk(order, n - got, out);
+            if p.base != 0 {
+                for f in &mut out[start..] {
+                    let g = Frame::from_parts(f.index() + p.base, f.order());
+                    *f = g;
+                }
             }
         }
         got
@@ -123,37 +182,41 @@ fn globalize(base: u32, f: Frame) -> Frame {
 impl FrameAllocator for FramePools {
     #[inline]
     fn alloc(&self, order: u8) -> Option<Frame> {
-        // Pool 0 has base 0: its frames are already global.
-        self.parts[0].alloc.alloc(order)
+        self.alloc_in(0, order)
     }
 
     #[inline]
     fn free(&self, frame: Frame) {
-        let first = &self.parts[0];
-        if (frame.index() as usize) < first.pages {
-            return first.alloc.free(frame);
+        let p = self.part_of(frame.index());
+        if p.base == 0 {
+            return p.alloc.free(frame);
         }
-        let p = &self.parts[self.pool_of(frame.index())];
         p.alloc
             .free(Frame::from_parts(frame.index() - p.base, frame.order()));
     }
 
     fn alloc_bulk(&self, order: u8, n: usize, out: &mut Vec<Frame>) -> usize {
-        self.parts[0].alloc.alloc_bulk(order, n, out)
+        self.alloc_bulk_in(0, order, n, out)
     }
 
     fn free_bulk(&self, frames: &mut Vec<Frame>) {
-        if self.parts.len() == 1 || frames.iter().all(|f| self.pool_of(f.index()) == 0) {
+        if self.parts.len() == 1 {
             return self.parts[0].alloc.free_bulk(frames);
         }
-        let mut by_pool: Vec<Vec<Frame>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
+        let mut by_part: Vec<Vec<Frame>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
         for f in frames.drain(..) {
-            let i = self.pool_of(f.index());
+            let i = self
+                .parts
+                .iter()
+                .rposition(|p| p.base <= f.index())
+                .unwrap_or(0);
             let base = self.parts[i].base;
-            by_pool[i].push(Frame::from_parts(f.index() - base, f.order()));
+            by_part[i].push(Frame::from_parts(f.index() - base, f.order()));
         }
-        for (p, mut v) in self.parts.iter().zip(by_pool) {
-            p.alloc.free_bulk(&mut v);
+        for (p, mut v) in self.parts.iter().zip(by_part) {
+            if !v.is_empty() {
+                p.alloc.free_bulk(&mut v);
+            }
         }
     }
 
@@ -162,7 +225,11 @@ impl FrameAllocator for FramePools {
     }
 
     fn free_hint(&self) -> usize {
-        self.parts[0].alloc.free_hint()
+        self.parts
+            .iter()
+            .filter(|p| p.pool == 0)
+            .map(|p| p.alloc.free_hint())
+            .sum()
     }
 
     fn check(&self) {
@@ -178,8 +245,18 @@ mod tests {
     use proptest::prelude::*;
 
     fn pools(sizes: &[usize]) -> FramePools {
+        let specs: Vec<PartSpec> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| PartSpec {
+                bytes: n * faultline_sys::PAGE_SIZE,
+                node: None,
+                pool: i,
+                huge: true,
+            })
+            .collect();
         FramePools::new(
-            sizes,
+            &specs,
             AllocConfig {
                 pcp: true,
                 batch: 8,
@@ -203,6 +280,49 @@ mod tests {
         assert_eq!(p.free_pages_in(1), 1024);
         assert_eq!(p.free_pages(), 1536);
         assert!(p.alloc_in(2, 0).is_none(), "no pool 2");
+        p.check();
+    }
+
+    #[test]
+    fn zones_serve_their_orders_first() {
+        let z = |huge| PartSpec {
+            bytes: 2 << 20,
+            node: None,
+            pool: 0,
+            huge,
+        };
+        let p = FramePools::new(
+            &[z(true), z(false)],
+            AllocConfig {
+                pcp: false,
+                batch: 8,
+                high: 32,
+                cpus: 2,
+            },
+        );
+        assert_eq!(p.count(), 1);
+        assert_eq!(p.pages_in(0), 1024);
+        let small = p.alloc(0).expect("4 KiB frame");
+        assert!(
+            small.index() >= 512,
+            "4 KiB frames come from the small zone"
+        );
+        let huge = p.alloc(9).expect("2 MiB frame");
+        assert_eq!(huge.index(), 0, "2 MiB frames from the THP zone");
+        // The THP zone is used up: a 4 KiB frame still comes (small zone),
+        // and when that is full too, from wherever is left.
+        let mut rest = Vec::new();
+        assert_eq!(p.alloc_bulk(0, 1000, &mut rest), 511);
+        assert!(p.alloc(0).is_none());
+        p.free(huge);
+        assert!(p.alloc(0).is_some_and(|f| {
+            let lo = f.index() < 512;
+            p.free(f);
+            lo
+        }));
+        p.free(small);
+        p.free_bulk(&mut rest);
+        assert_eq!(p.free_pages(), 1024);
         p.check();
     }
 
