@@ -260,6 +260,15 @@ impl Mapping {
         Ok(vec[..pages].iter().all(|b| b & 1 == 1))
     }
 
+    /// Whether the first and the last page of `[addr, addr + len)` are
+    /// mapped (one `mincore` when they are the same page): how a whole
+    /// frame's presence is checked after a move.
+    pub fn ends_resident(&self, addr: usize, len: usize) -> Result<bool, SysError> {
+        let last = addr + len.max(PAGE_SIZE) - PAGE_SIZE;
+        Ok(self.is_resident(addr, PAGE_SIZE)?
+            && (last == addr || self.is_resident(last, PAGE_SIZE)?))
+    }
+
     /// `MADV_DONTNEED` on `[addr, addr + len)`: drops the pages there (a
     /// later touch reads zeros, or faults to userfaultfd on a registered
     /// range) and, with `CONFIG_PT_RECLAIM`, frees page tables left empty.

@@ -27,7 +27,7 @@ use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{Store, StoreError};
 use faultline_sys::mem::{Advice, Mapping};
 use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Resolved, Uffd};
-use faultline_sys::{SysError, PAGE_SIZE};
+use faultline_sys::SysError;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -886,11 +886,7 @@ impl Region {
                     // Under the lock nothing of faultline's unmaps the page;
                     // only the application could (MADV_DONTNEED), and then
                     // there is nothing to write.
-                    let mapped = r.map.is_resident(addr, PAGE_SIZE).unwrap_or(false)
-                        && r.map
-                            .is_resident(addr + ps - PAGE_SIZE, PAGE_SIZE)
-                            .unwrap_or(false);
-                    if !mapped {
+                    if !r.map.ends_resident(addr, ps).unwrap_or(false) {
                         continue;
                     }
                     // SAFETY: a resident page of our live mapping, read only;

@@ -42,7 +42,6 @@ use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use faultline_sys::mem::PageMap;
 use faultline_sys::uffd::Resolved;
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::sync::Arc;
@@ -181,6 +180,26 @@ struct Piece {
     len: usize,
 }
 
+impl Piece {
+    /// Copies the piece by `method`.
+    ///
+    /// # Safety
+    /// `src` and `dst` are the pool slots of frames in flight with the
+    /// caller's migration (moved out under their fault locks, or freshly
+    /// allocated: populated, so no access faults), the ranges do not overlap,
+    /// and no other thread reads `dst` or writes either range meanwhile.
+    unsafe fn copy(&self, method: CopyMethod) {
+        // SAFETY: valid, disjoint and exclusive for the call (the contract).
+        let (dst, src) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.dst as *mut u8, self.len),
+                std::slice::from_raw_parts(self.src as *const u8, self.len),
+            )
+        };
+        copy_with(method, dst, src);
+    }
+}
+
 /// The claim protocol of a shared copy of `n` pieces: each piece is claimed
 /// by exactly one thread; at most `max_helpers` helpers join; the owner sees
 /// every piece's bytes once [`Claims::all_done`] says so. Model checked with
@@ -274,17 +293,9 @@ impl CopyJob {
             return false;
         };
         // SAFETY: the job's owner holds both frames of every piece in flight
-        // (moved out under their fault locks, or freshly allocated) and does
-        // not touch a piece until `all_done`; each piece is claimed by
-        // exactly one thread and pieces do not overlap. Pool slots of
-        // in-flight frames are populated, so no access faults.
-        let (dst, src) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(p.dst as *mut u8, p.len),
-                std::slice::from_raw_parts(p.src as *const u8, p.len),
-            )
-        };
-        copy_with(self.method, dst, src);
+        // and does not touch a piece until `all_done`; each piece is claimed
+        // by exactly one thread (this one, now) and pieces do not overlap.
+        unsafe { p.copy(self.method) };
         self.claims.finish();
         true
     }
@@ -347,14 +358,9 @@ fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
     // A copy of one chunk or less is not worth a helper's wake-up.
     if plan.threads <= 1 || total <= plan.chunk {
         for r in runs {
-            // SAFETY: as in `CopyJob::run_one`; here this thread alone copies.
-            let (dst, src) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(r.dst as *mut u8, r.len),
-                    std::slice::from_raw_parts(r.src as *const u8, r.len),
-                )
-            };
-            copy_with(plan.method, dst, src);
+            // SAFETY: the caller holds both frames of every run in flight, and
+            // this thread alone copies them.
+            unsafe { r.copy(plan.method) };
         }
         return t.elapsed().as_nanos() as u64;
     }
@@ -614,9 +620,7 @@ fn move_out_one(core: &Core, r: &RegionInner, t: Todo) -> bool {
     let addr = r.page_addr(t.page);
     let slot = core.pool.slot_addr(t.old);
     let out = |core: &Core| {
-        !r.map.is_resident(addr, PAGE_SIZE).unwrap_or(true)
-            && core.pool.slot_present(slot)
-            && core.pool.slot_present(slot + unit - PAGE_SIZE)
+        !r.map.is_resident(addr, PAGE_SIZE).unwrap_or(true) && core.pool.slots_present(slot, unit)
     };
     if out(core) {
         return true;
@@ -738,9 +742,7 @@ pub(crate) fn collapse(
             .iter()
             .enumerate()
             .all(|(i, t)| t.resident && t.old == base + i as u32)
-        && PageMap::open()
-            .and_then(|pm| pm.huge_bytes(addr, addr + HUGE_PAGE_SIZE))
-            .is_ok_and(|b| b == HUGE_PAGE_SIZE)
+        && core.pool.is_huge_mapped(addr)
     {
         // Already one frame, mapped by one PMD.
         return Ok(false);

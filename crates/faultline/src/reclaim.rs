@@ -151,29 +151,10 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     }
     let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
     let mut guards = Vec::new();
-    let mut n = 1;
-    while n < RUN_MAX
-        && page + n < r.pages()
-        && r.state(page + n) == PageState::Resident(f + n as u32)
-        && core.alloc.pool_of(f + n as u32) == 0
-    {
-        let (d, k) = r.lock_key(page + n);
-        let i = core.locks.index(d, k);
-        if !mine.contains(&i) {
-            match core.locks.try_lock(d, k) {
-                Some(g) => {
-                    guards.push(g);
-                    mine.push(i);
-                }
-                None => break,
-            }
-        }
-        // Re-check under its lock.
-        if r.state(page + n) != PageState::Resident(f + n as u32) {
-            break;
-        }
-        n += 1;
-    }
+    let n = r.lock_run(&core.locks, page, RUN_MAX, &mut mine, &mut guards, |p| {
+        let fp = f + (p - page) as u32;
+        r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0
+    });
     if n < 2 {
         return 0;
     }

@@ -291,26 +291,9 @@ fn resolve(
         let window = region.readahead(page, core.config.readahead_max);
         let (d0, k0) = region.lock_key(page);
         let mut mine = vec![core.locks.index(d0, k0)];
-        let mut n = 1;
-        while n < window && page + n < region.pages() && region.state(page + n) == PageState::Absent
-        {
-            let (d, k) = region.lock_key(page + n);
-            let idx = core.locks.index(d, k);
-            if !mine.contains(&idx) {
-                match core.locks.try_lock(d, k) {
-                    Some(g) => {
-                        _ra_guards.push(g);
-                        mine.push(idx);
-                    }
-                    None => break,
-                }
-            }
-            // Re-check under its lock.
-            if region.state(page + n) != PageState::Absent {
-                break;
-            }
-            n += 1;
-        }
+        let n = region.lock_run(&core.locks, page, window, &mut mine, &mut _ra_guards, |p| {
+            region.state(p) == PageState::Absent
+        });
         // A power of two: one buddy run.
         let n = 1usize << (usize::BITS - 1 - n.leading_zeros());
         if n > 1 {
@@ -504,11 +487,7 @@ enum Verdict {
 
 fn verify(core: &Core, region: &RegionInner, dst: usize, src: usize, len: usize) -> Verdict {
     let last = len - PAGE_SIZE;
-    let dst_mapped = region.map.is_resident(dst, PAGE_SIZE).unwrap_or(false)
-        && region
-            .map
-            .is_resident(dst + last, PAGE_SIZE)
-            .unwrap_or(false);
+    let dst_mapped = region.map.ends_resident(dst, len).unwrap_or(false);
     let src_present = core.pool.slot_present(src) || core.pool.slot_present(src + last);
     match (dst_mapped, src_present) {
         (true, false) => Verdict::Moved,

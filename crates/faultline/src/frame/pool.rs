@@ -98,6 +98,9 @@ pub struct Pool {
     zeroed: Box<[AtomicU64]>,
     pmd_mapped: Box<[AtomicBool]>,
     split_lock: Mutex<()>,
+    /// This process's pagemap, opened once, to ask the page tables whether
+    /// a block is PMD-mapped (`None` if it could not be opened).
+    pagemap: Option<PageMap>,
 }
 
 /// Held for the first 4 KiB move out of a PMD-mapped block; see
@@ -170,6 +173,7 @@ impl Pool {
             zeroed,
             pmd_mapped,
             split_lock: Mutex::new(()),
+            pagemap: PageMap::open().ok(),
         })
     }
 
@@ -268,23 +272,26 @@ impl Pool {
             return false;
         }
         let addr = self.addr_of(frame);
-        let huge = |pm: &PageMap| {
-            pm.huge_bytes(addr, addr + HUGE_PAGE_SIZE)
-                .is_ok_and(|b| b == HUGE_PAGE_SIZE)
-        };
-        let Ok(pm) = PageMap::open() else {
-            return false;
-        };
         let flag = &self.pmd_mapped[frame.index() as usize / PAGES_PER_HUGE];
-        let ok = huge(&pm)
+        let ok = self.is_huge_mapped(addr)
             || (self
                 .map
                 .advise(addr, HUGE_PAGE_SIZE, Advice::Collapse)
                 .is_ok()
-                && huge(&pm));
+                && self.is_huge_mapped(addr));
         // Release pairs with the Acquire loads in `split_guard`.
         flag.store(ok, Ordering::Release);
         ok
+    }
+
+    /// Whether the 2 MiB at `addr` (aligned; any address of this process,
+    /// pool or region) are mapped by one PMD right now (`PAGEMAP_SCAN`);
+    /// false if the pagemap could not be opened.
+    pub fn is_huge_mapped(&self, addr: usize) -> bool {
+        self.pagemap.as_ref().is_some_and(|pm| {
+            pm.huge_bytes(addr, addr + HUGE_PAGE_SIZE)
+                .is_ok_and(|b| b == HUGE_PAGE_SIZE)
+        })
     }
 
     /// Whether the pool page at `addr` is populated (a frame's slot is a hole
@@ -293,6 +300,12 @@ impl Pool {
         self.map
             .is_resident(addr & !(PAGE_SIZE - 1), PAGE_SIZE)
             .unwrap_or(true)
+    }
+
+    /// Whether the first and last slot of `[addr, addr + len)` are
+    /// populated (a whole frame back in its slots).
+    pub fn slots_present(&self, addr: usize, len: usize) -> bool {
+        self.map.ends_resident(addr, len).unwrap_or(true)
     }
 
     /// Refills slot range of `frame` after its page went missing (a move

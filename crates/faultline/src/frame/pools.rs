@@ -106,13 +106,17 @@ impl FramePools {
         preferred.chain(other)
     }
 
-    fn part_of(&self, index: u32) -> &Part {
-        let i = self
-            .parts
+    /// The position of the part that owns frame index `index` (parts are
+    /// few: a scan from the top; the first part has base 0).
+    fn part_index(&self, index: u32) -> usize {
+        self.parts
             .iter()
             .rposition(|p| p.base <= index)
-            .unwrap_or(0);
-        &self.parts[i]
+            .unwrap_or(0)
+    }
+
+    fn part_of(&self, index: u32) -> &Part {
+        &self.parts[self.part_index(index)]
     }
 
     /// Number of pools.
@@ -205,11 +209,7 @@ impl FrameAllocator for FramePools {
         }
         let mut by_part: Vec<Vec<Frame>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
         for f in frames.drain(..) {
-            let i = self
-                .parts
-                .iter()
-                .rposition(|p| p.base <= f.index())
-                .unwrap_or(0);
+            let i = self.part_index(f.index());
             let base = self.parts[i].base;
             by_part[i].push(Frame::from_parts(f.index() - base, f.order()));
         }

@@ -191,6 +191,43 @@ impl RegionInner {
             .count()
     }
 
+    /// Extends a run of pages from `page` (whose lock the caller holds): the
+    /// longest run of at most `max` pages, each satisfying `ok`, whose fault
+    /// locks the caller holds (`held`, lock indices) or can take right now —
+    /// others' locks are only tried, never waited for, so no lock order
+    /// matters. Taken locks go to `guards` and their indices to `held`; each
+    /// page is re-checked under its lock. Returns the run's length (≥ 1).
+    pub(crate) fn lock_run<'a>(
+        &self,
+        locks: &'a crate::fault::FaultLocks,
+        page: usize,
+        max: usize,
+        held: &mut Vec<usize>,
+        guards: &mut Vec<crate::fault::locks::FaultGuard<'a>>,
+        ok: impl Fn(usize) -> bool,
+    ) -> usize {
+        let mut n = 1;
+        while n < max && page + n < self.pages() && ok(page + n) {
+            let (d, k) = self.lock_key(page + n);
+            let idx = locks.index(d, k);
+            if !held.contains(&idx) {
+                match locks.try_lock(d, k) {
+                    Some(g) => {
+                        guards.push(g);
+                        held.push(idx);
+                    }
+                    None => break,
+                }
+            }
+            // Re-check under its lock.
+            if !ok(page + n) {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
     /// Notes a fault on `page` and returns the read-ahead window for it (1:
     /// none): a fault just after a stream's last fault (within its window)
     /// continues that stream and doubles its window, up to `max`; any other
