@@ -431,6 +431,41 @@ impl PageMap {
         self.scan(start, end, flags, PAGE_IS_WRITTEN, out)
     }
 
+    /// Whether each 4 KiB page of `[addr, addr + pages * 4096)` holds data
+    /// in the page tables right now: mapped (`PM_PRESENT`) or in swap or
+    /// under migration (`PM_SWAP`, which pagemap also reports for a page the
+    /// kernel is migrating). Unlike `mincore`, a swapped-out page counts: its
+    /// data is still the program's. Results go to `out` (cleared first), one
+    /// per page. The kernel takes each page table's lock to read it, so an
+    /// entry is never seen half-changed by a concurrent `UFFDIO_MOVE`.
+    pub fn has_data(&self, addr: usize, pages: usize, out: &mut Vec<bool>) -> Result<(), SysError> {
+        use std::os::unix::fs::FileExt;
+        const PM_PRESENT: u64 = 1 << 63;
+        const PM_SWAP: u64 = 1 << 62;
+        out.clear();
+        let mut buf = [0u8; 8 * 512];
+        let mut done = 0;
+        while done < pages {
+            let n = (pages - done).min(512);
+            let at = addr + done * PAGE_SIZE;
+            let off = (at / PAGE_SIZE * 8) as u64;
+            let bytes = &mut buf[..n * 8];
+            self.file.read_exact_at(bytes, off).map_err(|e| SysError {
+                op: "pread(/proc/self/pagemap)",
+                addr: at,
+                len: n * PAGE_SIZE,
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+            })?;
+            out.extend(bytes.chunks_exact(8).map(|c| {
+                let mut e = [0u8; 8];
+                e.copy_from_slice(c);
+                u64::from_ne_bytes(e) & (PM_PRESENT | PM_SWAP) != 0
+            }));
+            done += n;
+        }
+        Ok(())
+    }
+
     /// Bytes of `[start, end)` mapped by huge (PMD) page-table entries.
     pub fn huge_bytes(&self, start: usize, end: usize) -> Result<usize, SysError> {
         let mut out = Vec::new();

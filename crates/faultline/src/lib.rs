@@ -26,6 +26,7 @@ pub mod fill;
 pub mod frame;
 pub mod manager;
 pub mod migrate;
+mod pagemove;
 mod reclaim;
 pub mod region;
 pub mod stats;

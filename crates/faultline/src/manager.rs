@@ -26,7 +26,8 @@ use crate::region::{PageState, RegionInner, RegionTable};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{Store, StoreError};
 use faultline_sys::mem::{Advice, Mapping};
-use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Resolved, Uffd};
+use crate::pagemove::{self, Holes};
+use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Uffd};
 use faultline_sys::SysError;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -119,6 +120,9 @@ pub(crate) struct Core {
     pub(crate) table: RegionTable,
     pub(crate) locks: FaultLocks,
     pub(crate) stats: Stats,
+    /// This process's page tables, read by the page-move protocol
+    /// ([`crate::pagemove`]).
+    pub(crate) pagemap: faultline_sys::mem::PageMap,
     errors: Mutex<VecDeque<FaultError>>,
     next_id: AtomicU64,
     /// Events handed off by a worker about to block; see `fault::service`.
@@ -413,6 +417,7 @@ impl ManagerBuilder {
         let core = Arc::new(Core {
             locks: FaultLocks::new(config.locks, config.fault_locks),
             stats: Stats::new(config.workers),
+            pagemap: faultline_sys::mem::PageMap::open()?,
             table: RegionTable::new(config.lookup_cache),
             errors: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(1),
@@ -868,45 +873,66 @@ impl Region {
         r.store.flush()
     }
 
+    /// Writes every dirty page back. A resident page is written from its
+    /// frame: parked first (moved out of the region, so no thread can write
+    /// it during the copy: the store gets the page as it was at one instant,
+    /// never a torn mix), written, and moved back in. This also reaches
+    /// pages the kernel swapped out (the move takes the swap entry) and
+    /// pages the program made unreadable (`mprotect`): those cannot be moved
+    /// and are reported, not faulted on. A page that fails stays dirty;
+    /// the others are still written, and the first error is returned.
     fn write_back(&self) -> Result<(), StoreError> {
         let r = &self.inner;
         let core = &self.service.core;
-        let ps = r.page_size.bytes();
-        let mut copy = vec![0u8; ps];
+        let mut first_err = None;
         for page in 0..r.pages() {
             if matches!(r.state(page), PageState::Absent | PageState::Poisoned) {
                 continue;
             }
             let (domain, key) = r.lock_key(page);
             let _g = core.locks.lock(domain, key);
-            match r.state(page) {
+            let (f, resident) = match r.state(page) {
                 PageState::Absent | PageState::Poisoned => continue,
-                PageState::Resident(_) => {
-                    let addr = r.page_addr(page);
-                    // Under the lock nothing of faultline's unmaps the page;
-                    // only the application could (MADV_DONTNEED), and then
-                    // there is nothing to write.
-                    if !r.map.ends_resident(addr, ps).unwrap_or(false) {
-                        continue;
-                    }
-                    // SAFETY: a resident page of our live mapping, read only;
-                    // it is mapped (checked just above) and stays so under its
-                    // lock, so the read cannot fault.
-                    copy.copy_from_slice(unsafe {
-                        std::slice::from_raw_parts(addr as *const u8, ps)
-                    });
-                    self.put(page, &copy)?;
-                }
-                PageState::Parked(f) => {
-                    let mut frame = Frame::from_parts(f, r.page_size.order());
-                    // SAFETY: a parked frame belongs to its page, whose lock
-                    // we hold; it is populated and nobody else touches it.
-                    let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
-                    self.put(page, bytes)?;
-                }
+                PageState::Resident(f) => (f, true),
+                PageState::Parked(f) => (f, false),
+            };
+            if resident && !crate::reclaim::park(core, r, page, f) {
+                let addr = r.page_addr(page);
+                let source = core.take_error(|e| e.addr() == Some(addr)).map_or(
+                    SysError {
+                        op: "UFFDIO_MOVE",
+                        addr,
+                        len: r.page_size.bytes(),
+                        errno: libc::EINVAL,
+                    },
+                    |e| match e {
+                        FaultError::Move { source, .. } => source,
+                        _ => SysError {
+                            op: "UFFDIO_MOVE",
+                            addr,
+                            len: r.page_size.bytes(),
+                            errno: libc::EINVAL,
+                        },
+                    },
+                );
+                first_err.get_or_insert(StoreError::Unreadable {
+                    page: page as u64,
+                    source,
+                });
+                continue;
+            }
+            let mut frame = Frame::from_parts(f, r.page_size.order());
+            // SAFETY: a parked frame belongs to its page, whose lock we hold;
+            // it is whole in its slot and nobody else touches it.
+            let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+            if let Err(e) = self.put(page, bytes) {
+                first_err.get_or_insert(e);
+            }
+            if resident {
+                service::unpark(core, r, page, f);
             }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Writes `bytes`, the content of `page`, to the store unless they are
@@ -1004,12 +1030,11 @@ impl Region {
                 // unregistering, nothing but this teardown (holding the window
                 // lock) changes either.
                 let whole = unsafe {
-                    core.uffd
-                        .move_pages(slot, r.page_addr(p), n * unit, true, false)
+                    pagemove::move_range(core, slot, r.page_addr(p), n * unit, Holes::Forbid, false)
                 };
                 for i in 0..n {
                     let frame = Frame::from_parts(f + i as u32 * per_unit, order);
-                    if !matches!(whole, Ok(Resolved::Done)) {
+                    if whole.is_err() {
                         self.move_back_one(&frame, r.page_addr(p + i));
                     }
                     core.pool.set_zeroed(&frame, false);
@@ -1028,36 +1053,27 @@ impl Region {
 
 impl Region {
     /// Moves one resident page back to its frame's slot after a run move
-    /// did not complete; whatever happens, the slot ends up populated.
+    /// did not complete, skipping 4 KiB pages the program dropped; whatever
+    /// happens, the slot ends up populated (the frame is about to be freed).
     fn move_back_one(&self, frame: &Frame, page_addr: usize) {
         let core = &self.service.core;
         let slot = core.pool.addr_of(frame);
-        // SAFETY: as in `teardown`: the slot is a hole or (if the run move got
-        // this far) already refilled, and the region page is ours.
+        // SAFETY: as in `teardown`: the slot holds whatever of the frame is
+        // not in the region, and the region page is ours, under its lock.
         let moved = unsafe {
-            core.uffd
-                .move_pages(slot, page_addr, frame.bytes(), true, false)
+            pagemove::move_range(core, slot, page_addr, frame.bytes(), Holes::Allow, false)
         };
-        match moved {
-            // Done, or the slot was refilled (by the partial run move, or
-            // behind our back): it is populated, which is all a free frame needs.
-            Ok(Resolved::Done | Resolved::Exists { .. }) => {}
-            other => {
-                // The region page is gone (or could not move): give the slot
-                // fresh memory so the pool stays populated.
-                if let Err(e) = other {
-                    core.record(FaultError::Move {
-                        addr: page_addr,
-                        source: e,
-                    });
-                }
-                if let Err(e) = core.pool.repopulate(frame) {
-                    core.record(FaultError::Move {
-                        addr: slot,
-                        source: e,
-                    });
-                }
-            }
+        if let Err(e) = moved {
+            core.record(FaultError::Move {
+                addr: page_addr,
+                source: e.into_sys(page_addr, frame.bytes()),
+            });
+        }
+        if let Err(e) = core.pool.repopulate(frame) {
+            core.record(FaultError::Move {
+                addr: slot,
+                source: e,
+            });
         }
     }
 }

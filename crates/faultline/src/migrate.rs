@@ -42,7 +42,7 @@ use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use faultline_sys::uffd::Resolved;
+use crate::pagemove::{self, Holes, MoveError};
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::Instant;
@@ -579,9 +579,10 @@ fn run_at(todo: &[Todo], i: usize, per_unit: u32, frame: impl Fn(usize) -> u32) 
 
 /// Moves the resident pages of `todo` out of the region into their old
 /// frames' slots (runs of consecutive pages with consecutive frames in one
-/// move; a run that does not move whole is retried page by page). A page
-/// that cannot be moved out is dropped from `todo`: it stays resident in its
-/// old frame. Caller holds the pages' locks.
+/// move; a run that does not move whole is parked page by page, which
+/// gathers a page the program dropped part of). A page that cannot be moved
+/// out is dropped from `todo`: it stays resident in its old frame. Caller
+/// holds the pages' locks.
 fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
     let unit = r.page_size.bytes();
     let per_unit = (unit / PAGE_SIZE) as u32;
@@ -599,12 +600,12 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
         // slots are the holes they left; faultline holds no reference into
         // either range.
         let whole = unsafe {
-            core.uffd
-                .move_pages(slot, r.page_addr(t.page), n * unit, true, false)
+            pagemove::move_range(core, slot, r.page_addr(t.page), n * unit, Holes::Forbid, false)
         };
-        if !matches!(whole, Ok(Resolved::Done)) {
+        if whole.is_err() {
             for j in i..i + n {
-                keep[j] = move_out_one(core, r, todo[j]);
+                // Parked now (or, if it cannot be, left resident).
+                keep[j] = crate::reclaim::park(core, r, todo[j].page, todo[j].old);
             }
         }
         i += n;
@@ -613,35 +614,13 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
     todo.retain(|_| k.next().copied().unwrap_or(false));
 }
 
-/// One page out to its slot, trusting the page tables over the ioctl (see
-/// `fault::service::move_frame`). Returns whether it is out.
-fn move_out_one(core: &Core, r: &RegionInner, t: Todo) -> bool {
-    let unit = r.page_size.bytes();
-    let addr = r.page_addr(t.page);
-    let slot = core.pool.slot_addr(t.old);
-    let out = |core: &Core| {
-        !r.map.is_resident(addr, PAGE_SIZE).unwrap_or(true) && core.pool.slots_present(slot, unit)
-    };
-    if out(core) {
-        return true;
-    }
-    for _ in 0..8 {
-        // SAFETY: as in `move_out`; this page alone.
-        let moved = unsafe { core.uffd.move_pages(slot, addr, unit, true, false) };
-        if matches!(moved, Ok(Resolved::Done)) || out(core) {
-            return true;
-        }
-        std::thread::yield_now();
-    }
-    false
-}
-
 /// Records `n` pages from `page` as resident in the frames from `first` and
-/// moves them in (waking their waiters). If the kernel keeps refusing the
-/// move (seen once in two minutes of the release-mode stress test: a 2 MiB
-/// move answering `EAGAIN` for 50 ms), they are recorded as *parked* in
-/// those frames instead — their data is there, in the target pool, and the
-/// next touch maps it (an unpark) — and false is returned.
+/// moves them in (waking their waiters). If the kernel refuses the move
+/// (seen once in two minutes of the release-mode stress test: a 2 MiB move
+/// answering `EAGAIN` for 50 ms), they are recorded as *parked* in those
+/// frames instead — their data is there, in the target pool, and the next
+/// touch maps it (an unpark) — and false is returned. A move left split
+/// stays recorded resident: the next fault on a missing part gathers it.
 fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, order: u8) -> bool {
     let unit = r.page_size.bytes();
     let per_unit = (unit / PAGE_SIZE) as u32;
@@ -657,7 +636,12 @@ fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, orde
     } else {
         None
     };
-    match service::move_frame(core, r, addr, core.pool.slot_addr(first), len) {
+    // SAFETY: the new frames are whole in their slots (copied, in flight
+    // with this migration) and the pages are holes under their locks.
+    let moved = unsafe {
+        pagemove::move_range(core, addr, core.pool.slot_addr(first), len, Holes::Forbid, true)
+    };
+    match moved {
         Ok(()) => {
             if let Some(g) = split {
                 g.mark_split();
@@ -665,12 +649,14 @@ fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, orde
             true
         }
         Err(e) => {
-            for i in 0..n {
-                r.set_state(page + i, PageState::Parked(first + i as u32 * per_unit));
+            if !matches!(e, MoveError::Split { .. }) {
+                for i in 0..n {
+                    r.set_state(page + i, PageState::Parked(first + i as u32 * per_unit));
+                }
             }
-            // The waiters refault and unpark.
+            // The waiters refault and unpark (or gather).
             let _ = core.uffd.wake(addr, len);
-            tracing::warn!(addr, len, error = %e.into_sys(addr, len), "migration left pages parked");
+            tracing::warn!(addr, len, error = %e, "migration left pages parked");
             core.stats
                 .migrate_left_parked
                 .fetch_add(n as u64, Ordering::Relaxed);

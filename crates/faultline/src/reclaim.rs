@@ -35,7 +35,7 @@ use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
-use faultline_sys::uffd::Resolved;
+use crate::pagemove::{self, Holes};
 use faultline_sys::PAGE_SIZE;
 
 /// Where the clock hand stands: the start address of a region and a page.
@@ -163,27 +163,19 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     // SAFETY: the pages are resident under their locks (held), their frames'
     // slots are the holes they left, and faultline holds no reference into
     // either range.
-    let moved = unsafe { core.uffd.move_pages(slot, addr, n * PAGE_SIZE, true, false) };
-    let mut parked = 0;
+    let moved =
+        unsafe { pagemove::move_range(core, slot, addr, n * PAGE_SIZE, Holes::Forbid, false) };
+    if moved.is_err() {
+        // Nothing moved (or the run is left split): step the pages one by
+        // one, which gathers whatever is where.
+        return 0;
+    }
     for i in 0..n {
-        let whole = matches!(moved, Ok(Resolved::Done));
-        // Trust the page tables over a failed ioctl (see
-        // `fault::service::move_frame`); a page still resident gets its turn
-        // on the hand's next pass.
-        if whole
-            || (!r
-                .map
-                .is_resident(addr + i * PAGE_SIZE, PAGE_SIZE)
-                .unwrap_or(true)
-                && core.pool.slot_present(slot + i * PAGE_SIZE))
-        {
-            r.set_state(page + i, PageState::Parked(f + i as u32));
-            parked += 1;
-        }
+        r.set_state(page + i, PageState::Parked(f + i as u32));
     }
     core.stats
         .parked
-        .fetch_add(parked, std::sync::atomic::Ordering::Relaxed);
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     n
 }
 
@@ -205,38 +197,8 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
     }
     match r.state(page) {
         PageState::Resident(f) => {
-            let frame = Frame::from_parts(f, order);
-            let slot = core.pool.addr_of(&frame);
-            let addr = r.page_addr(page);
-            // SAFETY: the page is resident and its frame's slot is the hole it
-            // left; we hold the page's lock, so no fault resolves it meanwhile,
-            // and faultline holds no reference into either range.
-            let moved = unsafe { core.uffd.move_pages(slot, addr, len, true, false) };
-            let done = match moved {
-                Ok(Resolved::Done) => true,
-                // Trust the page tables over a failed ioctl (see
-                // `fault::service::move_frame`).
-                Ok(_) | Err(_) => {
-                    !r.map.is_resident(addr, PAGE_SIZE).unwrap_or(true)
-                        && core.pool.slot_present(slot)
-                }
-            };
-            if done {
-                r.set_state(page, PageState::Parked(f));
+            if park(core, r, page, f) {
                 Stats::bump(&core.stats.parked);
-            } else if matches!(moved, Ok(Resolved::SourceHole { .. })) {
-                // The application dropped the page: the kernel freed our
-                // frame's page. Refill the slot and free the frame.
-                if let Err(e) = core.pool.repopulate(&frame) {
-                    core.record(FaultError::Move {
-                        addr: slot,
-                        source: e,
-                    });
-                }
-                core.pool.set_zeroed(&frame, false);
-                core.alloc.free(frame);
-                r.set_state(page, PageState::Absent);
-                return len / PAGE_SIZE;
             }
             0
         }
@@ -273,4 +235,31 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
         }
         PageState::Absent | PageState::Poisoned => 0,
     }
+}
+
+/// Parks resident `page` of `r` (frame `f`): moves it out to its frame's
+/// slot; if the program dropped part of it, gathers what is left and refills
+/// the holes ([`pagemove::recollect`]). Returns whether it is parked. The
+/// caller holds the page's lock.
+pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> bool {
+    let slot = core.pool.slot_addr(f);
+    let addr = r.page_addr(page);
+    // SAFETY: the page is resident under its lock and its frame's slot is
+    // the hole it left; faultline holds no reference into either.
+    let moved =
+        unsafe { pagemove::move_range(core, slot, addr, r.page_size.bytes(), Holes::Forbid, false) };
+    let parked = match moved {
+        Ok(()) => true,
+        Err(_) => match pagemove::recollect(core, r, page, slot) {
+            Ok(_) => true,
+            Err(e) => {
+                core.record(e);
+                false
+            }
+        },
+    };
+    if parked {
+        r.set_state(page, PageState::Parked(f));
+    }
+    parked
 }

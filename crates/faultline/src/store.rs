@@ -26,6 +26,17 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A page could not be taken out of the region to be written back (the
+    /// program changed its protection with `mprotect`, or the kernel refused
+    /// the move); it stays dirty, and a later flush tries again.
+    #[error("page {page} could not be taken for write-back: {source}")]
+    Unreadable {
+        /// Page index within the region.
+        page: u64,
+        /// The refused move, with errno.
+        #[source]
+        source: faultline_sys::SysError,
+    },
     /// The store cannot do this operation (e.g. writing back to [`Zero`]).
     #[error("store {store} does not support {op}")]
     Unsupported {
@@ -41,6 +52,7 @@ impl StoreError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             StoreError::Io { source, .. } => source.raw_os_error(),
+            StoreError::Unreadable { source, .. } => Some(source.errno),
             StoreError::Unsupported { .. } => None,
         }
     }

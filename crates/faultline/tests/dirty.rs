@@ -60,15 +60,17 @@ impl Counting {
     }
 }
 
-fn scratch(name: &str, len: usize) -> (std::path::PathBuf, Vec<u8>) {
+fn scratch(name: &str, len: usize) -> (common::ScratchDir, std::path::PathBuf, Vec<u8>) {
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + (i >> 12)) as u8).collect();
-    (common::scratch_file(name, &data), data)
+    let dir = common::ScratchDir::new("dirty");
+    let path = dir.file(name, &data);
+    (dir, path, data)
 }
 
 fn run(size: PageSize) {
     let ps = size.bytes();
     let file_len = 32 * MIB;
-    let (path, mut oracle) = scratch(&format!("dirty-{}", size.name()), file_len);
+    let (_dir, path, mut oracle) = scratch(&format!("dirty-{}", size.name()), file_len);
     let pages = file_len / ps;
     let store = Arc::new(Counting {
         inner: File::open(&path, 0, true).expect("open"),

@@ -6,7 +6,14 @@ use faultline::store::File;
 use faultline::{MapOptions, PageSize};
 
 mod common;
-use common::{scratch_file as scratch, MIB};
+use common::{ScratchDir, MIB};
+
+/// `bytes` in file `name` of a scratch directory of the caller's own.
+fn scratch(name: &str, bytes: &[u8]) -> (ScratchDir, std::path::PathBuf) {
+    let dir = ScratchDir::new("file-store");
+    let path = dir.file(name, bytes);
+    (dir, path)
+}
 
 fn manager() -> faultline::Manager {
     common::manager(64 * MIB)
@@ -22,7 +29,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn read_through_flush_and_reopen() {
     for size in [PageSize::Base4K, PageSize::Huge2M] {
         let data = pattern(8 * MIB, 3);
-        let path = scratch(&format!("rw-{}", size.name()), &data);
+        let (_dir, path) = scratch(&format!("rw-{}", size.name()), &data);
         {
             let mm = manager();
             let mut r = mm
@@ -90,7 +97,7 @@ fn read_only_region_never_changes_the_file() {
 #[test]
 fn short_file_reads_zeros_past_its_end_and_offsets_work() {
     let data = pattern(MIB + 1000, 5);
-    let path = scratch("short", &data);
+    let (_dir, path) = scratch("short", &data);
     let mm = manager();
     // The region starts 64 KiB into the file and runs 2 MiB: past the end of
     // the file it reads zeros.
@@ -117,7 +124,7 @@ fn read_only_region(
     seed: u8,
 ) -> (faultline::Region, Vec<u8>, std::path::PathBuf) {
     let data = pattern(len, seed);
-    let path = scratch(name, &data);
+    let (_dir, path) = scratch(name, &data);
     let r = mm
         .map(
             len,

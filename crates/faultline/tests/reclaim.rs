@@ -8,17 +8,17 @@ use faultline::{MapOptions, PageSize};
 use std::path::PathBuf;
 
 mod common;
-use common::{manager, rng, MIB};
+use common::{manager, rng, ScratchDir, MIB};
 
-fn scratch(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
-    let dir = std::env::temp_dir().join(format!("faultline-reclaim-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join(name);
+/// A file of `len` patterned bytes in a scratch directory of the caller's
+/// own (removed when the returned guard drops, also on failure).
+fn scratch(name: &str, len: usize) -> (ScratchDir, PathBuf, Vec<u8>) {
+    let dir = ScratchDir::new("reclaim");
     let data: Vec<u8> = (0..len)
         .map(|i| (i as u8).wrapping_mul(13) ^ (i >> 12) as u8)
         .collect();
-    std::fs::write(&path, &data).expect("write file");
-    (path, data)
+    let path = dir.file(name, &data);
+    (dir, path, data)
 }
 
 /// The region matches the oracle byte for byte (checked by 8-byte words).
@@ -39,7 +39,7 @@ fn check(region: &[u8], oracle: &[u8], what: &str) {
 }
 
 fn out_of_core(size: PageSize, file_len: usize, budget: usize, ops_per_thread: usize) {
-    let (path, mut oracle) = scratch(&format!("ooc-{}", size.name()), file_len);
+    let (_dir, path, mut oracle) = scratch(&format!("ooc-{}", size.name()), file_len);
     let ps = size.bytes();
     let pages = file_len / ps;
     {
@@ -140,7 +140,7 @@ fn one_gib_through_64_mib() {
 #[test]
 fn budget_of_one_frame_makes_progress() {
     for size in [PageSize::Base4K, PageSize::Huge2M] {
-        let (path, oracle) = scratch(&format!("one-{}", size.name()), 8 * MIB);
+        let (_dir, path, oracle) = scratch(&format!("one-{}", size.name()), 8 * MIB);
         let mm = manager(2 * MIB);
         let r = mm
             .map(

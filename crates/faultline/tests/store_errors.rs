@@ -84,8 +84,8 @@ fn a_failing_read_poisons_the_page_and_reports_the_cause() {
 #[test]
 fn an_unreadable_file_is_an_error_not_a_hang() {
     // A directory opens read-only but every read fails with EISDIR.
-    let dir = std::env::temp_dir().join(format!("faultline-unreadable-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let scratch = common::ScratchDir::new("unreadable");
+    let dir = scratch.path();
     let mm = manager(8 * MIB);
     let r = mm
         .map(

@@ -150,6 +150,7 @@ fn stress_checksum_oracle() {
                         for (&w, &rd) in &mine[si] {
                             // SAFETY: inside a live region.
                             let v = unsafe { ((r.addr() + w * 8) as *const u64).read_volatile() };
+                            if v != value(t, rd, w) { eprintln!("DIAG {:?} page {}", mm.stats(), w*8/(r.len()/ (r.len()>>21).max(1)).max(1)); while let Some(e) = mm.take_error() { eprintln!("DIAGERR {e}"); } }
                             assert_eq!(v, value(t, rd, w), "thread {t}: shared word {w} lost");
                         }
                     }

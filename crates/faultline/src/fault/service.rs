@@ -36,8 +36,9 @@ use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
+use crate::pagemove::{self, Holes, MoveError};
 use faultline_sys::uffd::{Event, Ready, Resolved, Waiter};
-use faultline_sys::{host, SysError, PAGE_SIZE};
+use faultline_sys::{host, PAGE_SIZE};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -57,10 +58,6 @@ pub enum Resolution {
     /// No region holds the address.
     Stray,
 }
-
-/// How many times a `UFFDIO_MOVE` that returned `EAGAIN` is retried before
-/// the fault is given up (and poisoned).
-const MOVE_RETRIES: u32 = 1000;
 
 /// The worker loop: runs until the shutdown eventfd becomes readable.
 ///
@@ -228,7 +225,6 @@ fn resolve(
     fault_addr: usize,
     attempt: u32,
 ) -> Resolution {
-    let addr = region.page_addr(page);
     if region.dying() {
         wake(core, region, page);
         return Resolution::Dying;
@@ -240,25 +236,11 @@ fn resolve(
             return Resolution::AlreadyMapped;
         }
         PageState::Parked(f) => return unpark(core, region, page, f),
-        PageState::Resident(old) => {
-            // Usually a second thread's fault on a page the first one's fault
-            // already mapped. But the application may have dropped the page
-            // (MADV_DONTNEED), and then waking would loop forever: ask the
-            // page tables.
-            if region.map.is_resident(addr, PAGE_SIZE).unwrap_or(true) {
-                wake(core, region, page);
-                return Resolution::AlreadyMapped;
-            }
-            // The kernel freed the page that was our frame: refill the
-            // frame's slot and free it, then serve the fault afresh.
-            let frame = Frame::from_parts(old, region.page_size.order());
-            if let Err(e) = core.pool.repopulate(&frame) {
-                core.record(FaultError::Move { addr, source: e });
-            }
-            core.pool.set_zeroed(&frame, false);
-            core.alloc.free(frame);
-            region.set_state(page, PageState::Absent);
-            Stats::bump(&core.stats.refaulted_dropped);
+        PageState::Resident(f) => {
+            return match refault(core, region, page, fault_addr, f) {
+                Some(res) => res,
+                None => unpark(core, region, page, f),
+            };
         }
     }
     // The unit to map: the fault-around window if it is wholly absent, its
@@ -409,192 +391,118 @@ fn resolve(
     // THP; two such moves at once can make the kernel report EEXIST for a
     // move it did not complete (seen on 6.18), so they take the split lock.
     let split = core.pool.split_guard(&frame);
-    let moved = move_frame(core, region, addr, core.pool.addr_of(&frame), len);
+    // SAFETY: `frame` is in flight with this worker and the window's pages
+    // are absent under its locks; nothing references either range.
+    let moved = unsafe {
+        pagemove::move_range(core, addr, core.pool.addr_of(&frame), len, Holes::Forbid, true)
+    };
     if let Some(guard) = split {
         if moved.is_ok() {
             guard.mark_split();
         }
     }
-    if moved.is_err() {
-        for i in 0..count {
-            region.set_state(first + i, PageState::Absent);
-        }
-    }
     match moved {
         Ok(()) => Resolution::Moved,
-        Err(MoveFailure::Exists) => {
-            // Mapped behind our back: nothing moved, the frame is still in
-            // its slot. Keep what is there, and say so.
-            core.alloc.free(frame);
+        Err(MoveError::Split { .. }) => {
+            // Part of the frame is in the region, part in its slot: the
+            // pages keep their frame (recorded resident above), and the
+            // next fault on a missing part gathers it (`refault`).
             core.record(FaultError::Inconsistent {
                 addr,
-                what: "page absent in faultline's state but mapped in the page tables",
+                what: "a move into the region was left split; the next touch gathers it",
             });
             wake(core, region, page);
             Resolution::AlreadyMapped
         }
-        Err(MoveFailure::Sys(e))
-            if attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) =>
-        {
-            // The kernel kept refusing this frame (seen once in an hour of
-            // stress: EAGAIN on a fault-around run for 50 ms). Try again with
-            // the faulting page alone and another frame before giving up;
-            // keep this frame out of the allocator until then, so the retry
-            // cannot get it back.
-            Stats::bump(&core.stats.move_retries);
-            let res = resolve(core, region, page, fault_addr, attempt + 1);
-            core.alloc.free(frame);
-            res
-        }
-        Err(MoveFailure::Sys(e)) => {
-            core.alloc.free(frame);
-            poison(core, region, page, FaultError::Move { addr, source: e })
-        }
-    }
-}
-
-pub(crate) enum MoveFailure {
-    Exists,
-    Sys(SysError),
-}
-
-impl MoveFailure {
-    /// The failure as the ioctl's error (`EEXIST` for `Exists`).
-    pub(crate) fn into_sys(self, addr: usize, len: usize) -> SysError {
-        match self {
-            MoveFailure::Sys(e) => e,
-            MoveFailure::Exists => SysError {
-                op: "UFFDIO_MOVE",
-                addr,
-                len,
-                errno: libc::EEXIST,
-            },
-        }
-    }
-}
-
-/// What the page tables say about a move the kernel did not report as done.
-#[derive(Debug, PartialEq, Eq)]
-enum Verdict {
-    /// Destination mapped, source slot empty: it moved.
-    Moved,
-    /// Destination mapped, source still there: the page was already mapped.
-    Occupied,
-    /// Anything else (nothing moved yet, or a transient state such as a
-    /// migration entry while the source THP is being split): try again.
-    Retry,
-}
-
-fn verify(core: &Core, region: &RegionInner, dst: usize, src: usize, len: usize) -> Verdict {
-    let last = len - PAGE_SIZE;
-    let dst_mapped = region.map.ends_resident(dst, len).unwrap_or(false);
-    let src_present = core.pool.slot_present(src) || core.pool.slot_present(src + last);
-    match (dst_mapped, src_present) {
-        (true, false) => Verdict::Moved,
-        (true, true) => Verdict::Occupied,
-        _ => Verdict::Retry,
-    }
-}
-
-/// Moves `[src, src + len)` to `dst` whole, retrying `EAGAIN`.
-///
-/// On this kernel (6.18) `UFFDIO_MOVE` has been seen to report `EAGAIN` or
-/// `EEXIST` for a move that took place, when moves out of one source THP race
-/// with its split (the kernel's internal retry finds the destination it has
-/// just filled). So every outcome but `Done` is checked against the page
-/// tables ([`verify`]) before it is believed; a failed ioctl wakes nobody, so
-/// a move found done that way is followed by a wake.
-pub(crate) fn move_frame(
-    core: &Core,
-    region: &RegionInner,
-    dst: usize,
-    src: usize,
-    len: usize,
-) -> Result<(), MoveFailure> {
-    let mut done = 0;
-    let result = move_frame_inner(core, region, dst, src, len, &mut done);
-    if result.is_err() && done > 0 {
-        // Part of a multi-page frame moved: put it back, so the frame is whole
-        // in the pool again before it is freed.
-        // SAFETY: `[dst, dst + done)` holds the pages this worker just moved
-        // out of its own in-flight frame, under the window's lock.
-        let back = unsafe { core.uffd.move_pages(src, dst, done, true, false) };
-        if !matches!(back, Ok(Resolved::Done)) {
-            core.record(FaultError::Inconsistent {
-                addr: dst,
-                what: "a partly moved frame could not be moved back",
-            });
-        }
-    }
-    result
-}
-
-fn move_frame_inner(
-    core: &Core,
-    region: &RegionInner,
-    dst: usize,
-    src: usize,
-    len: usize,
-    done: &mut usize,
-) -> Result<(), MoveFailure> {
-    for attempt in 0..MOVE_RETRIES {
-        // SAFETY: `src` is an in-flight frame this worker owns and `dst` a page
-        // of a managed region that is absent under its lock; workers hold no
-        // references into either.
-        let r = unsafe {
-            core.uffd
-                .move_pages(dst + *done, src + *done, len - *done, false, false)
-        };
-        let d = match r {
-            Ok(Resolved::Done) => return Ok(()),
-            Ok(
-                Resolved::Retry { done }
-                | Resolved::Exists { done }
-                | Resolved::SourceHole { done }
-                | Resolved::Busy { done },
-            ) => done,
-            Err(e) => return Err(MoveFailure::Sys(e)),
-        };
-        *done += d;
-        if *done >= len {
-            break;
-        }
-        match verify(core, region, dst + *done, src + *done, len - *done) {
-            Verdict::Moved => {
-                Stats::bump(&core.stats.move_misreported);
-                return core.uffd.wake(dst, len).map_err(MoveFailure::Sys);
+        Err(e) => {
+            for i in 0..count {
+                region.set_state(first + i, PageState::Absent);
             }
-            Verdict::Occupied if *done == 0 => return Err(MoveFailure::Exists),
-            Verdict::Occupied => {
-                return Err(MoveFailure::Sys(SysError {
-                    op: "UFFDIO_MOVE",
-                    addr: dst + *done,
-                    len: len - *done,
-                    errno: libc::EEXIST,
-                }))
-            }
-            Verdict::Retry => {
-                Stats::bump(&core.stats.move_retries);
-                // A few quick retries, then back off: an EBUSY source (a
-                // reference held for a moment, e.g. by a per-CPU LRU batch)
-                // needs time, not spinning.
-                if attempt < 8 {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(std::time::Duration::from_micros(50));
+            match e {
+                MoveError::Occupied { .. } => {
+                    // Mapped behind our back: nothing moved, the frame is
+                    // still in its slot. Keep what is there, and say so.
+                    core.alloc.free(frame);
+                    core.record(FaultError::Inconsistent {
+                        addr,
+                        what: "page absent in faultline's state but mapped in the page tables",
+                    });
+                    wake(core, region, page);
+                    Resolution::AlreadyMapped
+                }
+                MoveError::Refused(e)
+                    if attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) =>
+                {
+                    // The kernel kept refusing this frame: try again with the
+                    // faulting page alone and another frame before giving up;
+                    // keep this frame out of the allocator until then, so the
+                    // retry cannot get it back.
+                    let res = resolve(core, region, page, fault_addr, attempt + 1);
+                    core.alloc.free(frame);
+                    res
+                }
+                e => {
+                    core.alloc.free(frame);
+                    poison(
+                        core,
+                        region,
+                        page,
+                        FaultError::Move {
+                            addr,
+                            source: e.into_sys(addr, len),
+                        },
+                    )
                 }
             }
         }
     }
-    if *done >= len {
-        return core.uffd.wake(dst, len).map_err(MoveFailure::Sys);
+}
+
+/// A fault on a page faultline records as resident in frame `f`. Usually a
+/// second thread's fault on a page the first one's fault mapped, reported
+/// after the move woke it: then `None`'s opposite — wake, done. But if the
+/// faulting 4 KiB page holds no data in the page tables, the program dropped
+/// it (`MADV_DONTNEED`) or a move was left split: the page is gathered back
+/// into its frame, its holes refilled ([`pagemove::recollect`]), and mapped
+/// again. Never served afresh: other parts of it may hold data. Returns the
+/// resolution, or `None` if the page was gathered and is now parked (the
+/// caller then unparks it).
+fn refault(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    f: u32,
+) -> Option<Resolution> {
+    let at = fault_addr & !(PAGE_SIZE - 1);
+    match pagemove::is_whole(core, at, PAGE_SIZE) {
+        Ok(true) => {
+            wake(core, region, page);
+            return Some(Resolution::AlreadyMapped);
+        }
+        Ok(false) => {}
+        Err(e) => {
+            let addr = region.page_addr(page);
+            return Some(poison(core, region, page, FaultError::Move { addr, source: e }));
+        }
     }
-    Err(MoveFailure::Sys(SysError {
-        op: "UFFDIO_MOVE",
-        addr: dst,
-        len,
-        errno: libc::EAGAIN,
-    }))
+    match pagemove::recollect(core, region, page, core.pool.slot_addr(f)) {
+        Ok(_) => {
+            region.set_state(page, PageState::Parked(f));
+            None
+        }
+        Err(e) => {
+            // The page stays as it is (its data on one side or the other);
+            // the faulting thread gets SIGBUS for its 4 KiB hole rather
+            // than refaulting forever.
+            core.record(e);
+            // SAFETY: `at` holds no data (checked above, under the page's
+            // lock): poisoning fills a hole of a region we manage.
+            let _ = unsafe { core.uffd.poison(at, PAGE_SIZE, false) };
+            Stats::bump(&core.stats.poisoned);
+            Some(Resolution::Poisoned)
+        }
+    }
 }
 
 /// Before a move of 2 MiB or more into `[addr, addr + len)`: a fault on this
@@ -606,8 +514,14 @@ pub(crate) fn drop_empty_page_table(core: &Core, region: &RegionInner, addr: usi
     if len < faultline_sys::HUGE_PAGE_SIZE {
         return;
     }
-    // SAFETY: the page is not mapped (caller's contract, under its lock): no
-    // data and no reference can be in the range.
+    // Only over a range with no data: a page-table drop over data would
+    // discard it.
+    if !pagemove::is_empty(core, addr, len).unwrap_or(false) {
+        return;
+    }
+    // SAFETY: nothing is mapped in the range (just checked, and nothing
+    // faultline does maps it while the caller holds its lock): no data and
+    // no reference can be in it.
     if unsafe { region.map.discard(addr, len) }.is_ok() {
         Stats::bump(&core.stats.pt_discards);
     }
@@ -629,21 +543,29 @@ pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> R
 
 /// A touch of a page reclaim parked: move its frame back from the pool slot
 /// (a minor fault; the page is referenced again).
-fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution {
+pub(crate) fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution {
     let addr = region.page_addr(page);
     let len = region.page_size.bytes();
     let frame = Frame::from_parts(f, region.page_size.order());
     drop_empty_page_table(core, region, addr, len);
     region.set_state(page, PageState::Resident(f));
-    match move_frame(core, region, addr, core.pool.addr_of(&frame), len) {
+    // SAFETY: a parked page's frame is whole in its slot and the page is a
+    // hole, under the page's lock; nothing references either.
+    let moved = unsafe {
+        pagemove::move_range(core, addr, core.pool.addr_of(&frame), len, Holes::Forbid, true)
+    };
+    match moved {
         Ok(()) => {
             Stats::bump(&core.stats.unparked);
             Resolution::Moved
         }
         Err(e) => {
-            // The data stays safe in its frame; the thread refaults and the
-            // next attempt tries again.
-            region.set_state(page, PageState::Parked(f));
+            if !matches!(e, MoveError::Split { .. }) {
+                // Nothing moved: the data stays safe in its frame; the
+                // thread refaults and the next attempt tries again. (Split:
+                // it stays recorded resident and the next fault gathers it.)
+                region.set_state(page, PageState::Parked(f));
+            }
             core.record(FaultError::Move {
                 addr,
                 source: e.into_sys(addr, len),

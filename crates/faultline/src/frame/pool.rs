@@ -294,18 +294,10 @@ impl Pool {
         })
     }
 
-    /// Whether the pool page at `addr` is populated (a frame's slot is a hole
-    /// while the frame is mapped in a region).
-    pub fn slot_present(&self, addr: usize) -> bool {
-        self.map
-            .is_resident(addr & !(PAGE_SIZE - 1), PAGE_SIZE)
-            .unwrap_or(true)
-    }
-
-    /// Whether the first and last slot of `[addr, addr + len)` are
-    /// populated (a whole frame back in its slots).
-    pub fn slots_present(&self, addr: usize, len: usize) -> bool {
-        self.map.ends_resident(addr, len).unwrap_or(true)
+    /// Populates the holes of `[addr, addr + len)` (pool slots) with fresh
+    /// zeroed pages; pages already there are left as they are.
+    pub fn populate_range(&self, addr: usize, len: usize) -> Result<(), SysError> {
+        self.map.advise(addr, len, Advice::PopulateWrite)
     }
 
     /// Refills slot range of `frame` after its page went missing (a move

@@ -73,11 +73,102 @@ pub fn kernel_read(addr: usize) -> i32 {
     }
 }
 
-/// Writes `bytes` to a file `name` in this process's scratch directory.
-pub fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("faultline-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("write scratch file");
-    path
+/// A scratch directory of one test's own (unique per process and call), removed
+/// when it drops — also when the test fails, since a panic unwinds through it.
+/// Tests run in parallel: none may share a file with another.
+pub struct ScratchDir {
+    path: PathBuf,
+}
+
+impl ScratchDir {
+    /// A fresh directory named after `tag`.
+    pub fn new(tag: &str) -> ScratchDir {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "faultline-test-{tag}-{}-{n}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&path).expect("scratch dir");
+        ScratchDir { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Writes `bytes` to file `name` in the directory.
+    pub fn file(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.path.join(name);
+        std::fs::write(&path, bytes).expect("write scratch file");
+        path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Swap on the zram device for the life of the value; `swapoff` and a zram
+/// reset when it drops. Panics with the reason if swap cannot be set up
+/// (a test that needs swap never passes without it).
+pub struct ZramSwap;
+
+impl ZramSwap {
+    /// Sizes `/dev/zram0` to `bytes`, formats it as swap and turns it on.
+    pub fn on(bytes: usize) -> ZramSwap {
+        let run = |cmd: &str, args: &[&str]| {
+            let out = std::process::Command::new(cmd)
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("this test needs swap: cannot run {cmd}: {e}"));
+            assert!(
+                out.status.success(),
+                "this test needs swap on /dev/zram0 (root): {cmd} {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let _ = run_quiet("swapoff", &["/dev/zram0"]);
+        let _ = std::fs::write("/sys/block/zram0/reset", "1");
+        std::fs::write("/sys/block/zram0/disksize", bytes.to_string())
+            .unwrap_or_else(|e| panic!("this test needs the zram device /dev/zram0 (root): {e}"));
+        run("mkswap", &["/dev/zram0"]);
+        run("swapon", &["/dev/zram0"]);
+        ZramSwap
+    }
+}
+
+fn run_quiet(cmd: &str, args: &[&str]) -> std::io::Result<std::process::ExitStatus> {
+    std::process::Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+}
+
+impl Drop for ZramSwap {
+    fn drop(&mut self) {
+        let _ = run_quiet("swapoff", &["/dev/zram0"]);
+        let _ = std::fs::write("/sys/block/zram0/reset", "1");
+    }
+}
+
+/// How many of the `pages` 4 KiB pages from `addr` are swapped out
+/// (`/proc/self/pagemap` bit 62).
+pub fn swapped_pages(addr: usize, pages: usize) -> usize {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap").expect("pagemap");
+    let mut buf = vec![0u8; pages * 8];
+    f.read_exact_at(&mut buf, (addr / 4096 * 8) as u64)
+        .expect("read pagemap");
+    buf.chunks_exact(8)
+        .filter(|c| {
+            let mut e = [0u8; 8];
+            e.copy_from_slice(c);
+            u64::from_ne_bytes(e) & (1 << 62) != 0
+        })
+        .count()
 }

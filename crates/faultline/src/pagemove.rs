@@ -1,0 +1,396 @@
+//! The page-move protocol: the only caller of `UFFDIO_MOVE`.
+//!
+//! Every page faultline maps, parks, migrates or takes back moves through
+//! [`move_range`], which gives one guarantee: when it returns, each 4 KiB
+//! page of the range is wholly on one side, and the caller is told which.
+//! `Ok` — every page that held data at the source is at the destination;
+//! `Err(Occupied | Refused)` — nothing moved (what had moved was moved
+//! back); `Err(Split)` — the kernel would not finish nor undo the move, and
+//! the range's pages are split between both sides (never lost: each page is
+//! on exactly one side, and [`recollect`] reunites them).
+//!
+//! Why this module exists: Linux 6.18's `UFFDIO_MOVE` may stop part way
+//! (a PTE-by-PTE move of a 2 MiB page whose destination had a page table,
+//! a folio split that fails for a moment) and then reports `EAGAIN` with the
+//! bytes moved so far, or an error for a move that did happen. Callers that
+//! believed the ioctl, or checked only the first and last page with
+//! `mincore`, lost data: a 2 MiB page half moved, its first 4 KiB absent,
+//! was taken for a page the program had dropped and served afresh with
+//! zeros over the other half (the stress test's "shared word lost").
+//! So after any outcome but `Done` the protocol reads the page tables of
+//! both ranges from `/proc/self/pagemap` (each page table's lock is taken
+//! for the read, so an entry is never seen mid-move; swapped-out and
+//! migrating pages count as data, which `mincore` missed) and finishes the
+//! move page run by page run, or undoes it, within a deadline.
+//!
+//! [`recollect`] is the other rule kept here: a region page whose frame
+//! faultline records but whose 4 KiB pages are not all in the region (the
+//! program dropped some with `MADV_DONTNEED`, or a move was left split) is
+//! never "served afresh": its pages are moved back into the frame's slot,
+//! only the holes nobody holds are refilled (from the store, or zeros), and
+//! the frame goes on. No frame is freed while any of its data is elsewhere.
+//!
+//! Locks: none of its own. Callers hold the fault locks of the pages they
+//! move (or own the frames outright, in flight), which is what makes the
+//! page tables of both ranges stable apart from the kernel's own transient
+//! states.
+
+use crate::manager::Core;
+use crate::region::RegionInner;
+use crate::stats::Stats;
+use faultline_sys::uffd::Resolved;
+use faultline_sys::{SysError, PAGE_SIZE};
+use std::time::{Duration, Instant};
+
+/// How long a move keeps retrying pages the kernel refuses for the moment
+/// (a reference held briefly, a split in progress) before it undoes itself.
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// Whether source pages with no data are an error or skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holes {
+    /// Every source page must hold data (a frame in its slot, a resident
+    /// page under its lock): a hole is an error ([`MoveError::Refused`]).
+    Forbid,
+    /// Holes are skipped: gathering a page some of whose 4 KiB pages the
+    /// program dropped (see [`recollect`]).
+    Allow,
+}
+
+/// How a move ended when it did not complete.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MoveError {
+    /// A destination page already held data; nothing moved.
+    #[error("UFFDIO_MOVE to {addr:#x}: the destination page is occupied")]
+    Occupied {
+        /// First occupied destination page.
+        addr: usize,
+    },
+    /// The kernel kept refusing (or the call was invalid); nothing moved.
+    #[error("{0}")]
+    Refused(SysError),
+    /// Part of the range moved and could not be moved back in time; each
+    /// page is on exactly one side.
+    #[error("UFFDIO_MOVE {src:#x} -> {dst:#x}: left split between both sides ({0})", .last)]
+    Split {
+        /// Destination start.
+        dst: usize,
+        /// Source start.
+        src: usize,
+        /// The last refusal.
+        last: SysError,
+    },
+}
+
+impl MoveError {
+    /// The failure as a system error, for [`crate::FaultError::Move`].
+    pub(crate) fn into_sys(self, addr: usize, len: usize) -> SysError {
+        let errno = match &self {
+            MoveError::Occupied { .. } => libc::EEXIST,
+            MoveError::Refused(e) => return *e,
+            MoveError::Split { last, .. } => last.errno,
+        };
+        SysError {
+            op: "UFFDIO_MOVE",
+            addr,
+            len,
+            errno,
+        }
+    }
+}
+
+/// Where each page of a move stands, from the page tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// At the source only: still to move.
+    Src,
+    /// At the destination only: moved.
+    Dst,
+    /// On both sides: the destination was occupied.
+    Both,
+    /// On neither: a hole at the source.
+    Neither,
+}
+
+/// Reads where each page of `dst`/`src` (`n` pages each) stands.
+fn places(core: &Core, dst: usize, src: usize, n: usize) -> Result<Vec<Place>, SysError> {
+    let (mut d, mut s) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    core.pagemap.has_data(dst, n, &mut d)?;
+    core.pagemap.has_data(src, n, &mut s)?;
+    Ok(d.iter()
+        .zip(&s)
+        .map(|(&d, &s)| match (d, s) {
+            (false, true) => Place::Src,
+            (true, false) => Place::Dst,
+            (true, true) => Place::Both,
+            (false, false) => Place::Neither,
+        })
+        .collect())
+}
+
+/// Runs `(first page, pages)` of consecutive entries equal to `want`.
+fn runs_of(places: &[Place], want: Place) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (i, &p) in places.iter().enumerate() {
+        if p != want {
+            continue;
+        }
+        match out.last_mut() {
+            Some((s, n)) if *s + *n == i => *n += 1,
+            _ => out.push((i, 1)),
+        }
+    }
+    out
+}
+
+/// Moves the pages of `[src, src + len)` that hold data to `[dst, dst +
+/// len)`, completely or not at all (see the module docs); with `wake`, wakes
+/// the threads waiting on the destination once it is complete.
+///
+/// # Safety
+/// Both ranges are anonymous memory faultline manages — pool slots of frames
+/// the caller owns, region pages whose fault locks the caller holds — and
+/// no Rust reference points into either: their contents change places.
+pub(crate) unsafe fn move_range(
+    core: &Core,
+    dst: usize,
+    src: usize,
+    len: usize,
+    holes: Holes,
+    wake: bool,
+) -> Result<(), MoveError> {
+    // SAFETY: the caller's contract.
+    let first = unsafe {
+        core.uffd
+            .move_pages(dst, src, len, true, holes == Holes::Allow)
+    };
+    let last = match first {
+        Ok(Resolved::Done) => return finish(core, dst, len, wake),
+        Ok(_) => SysError {
+            op: "UFFDIO_MOVE",
+            addr: dst,
+            len,
+            errno: libc::EAGAIN,
+        },
+        Err(e) => e,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { settle(core, dst, src, len, holes, wake, last) }
+}
+
+fn finish(core: &Core, dst: usize, len: usize, wake: bool) -> Result<(), MoveError> {
+    if wake {
+        core.uffd.wake(dst, len).map_err(MoveError::Refused)?;
+    }
+    Ok(())
+}
+
+/// The slow path of [`move_range`]: ask the page tables, move what is left
+/// run by run, until done or the deadline; then undo.
+///
+/// # Safety
+/// As [`move_range`].
+unsafe fn settle(
+    core: &Core,
+    dst: usize,
+    src: usize,
+    len: usize,
+    holes: Holes,
+    wake: bool,
+    mut last: SysError,
+) -> Result<(), MoveError> {
+    let n = len / PAGE_SIZE;
+    let deadline = Instant::now() + DEADLINE;
+    let mut round = 0u32;
+    loop {
+        let at = places(core, dst, src, n).map_err(MoveError::Refused)?;
+        if let Some(i) = at.iter().position(|&p| p == Place::Both) {
+            // SAFETY: the caller's contract.
+            unsafe { undo(core, dst, src, &at)? };
+            return Err(MoveError::Occupied {
+                addr: dst + i * PAGE_SIZE,
+            });
+        }
+        if holes == Holes::Forbid && at.contains(&Place::Neither) && round > 8 {
+            // A source page with no data, and no transient state explains
+            // it: the caller's belief was wrong. Put back what moved.
+            // SAFETY: the caller's contract.
+            unsafe { undo(core, dst, src, &at)? };
+            return Err(MoveError::Refused(SysError {
+                op: "UFFDIO_MOVE",
+                addr: src,
+                len,
+                errno: libc::ENOENT,
+            }));
+        }
+        let pending = runs_of(&at, Place::Src);
+        if pending.is_empty() && (holes == Holes::Allow || !at.contains(&Place::Neither)) {
+            Stats::bump(&core.stats.move_misreported);
+            return finish(core, dst, len, wake);
+        }
+        if Instant::now() > deadline {
+            // SAFETY: the caller's contract.
+            unsafe { undo(core, dst, src, &at)? };
+            return Err(MoveError::Refused(last));
+        }
+        Stats::bump(&core.stats.move_retries);
+        backoff(round);
+        round += 1;
+        for (i, k) in pending {
+            let off = i * PAGE_SIZE;
+            // SAFETY: the caller's contract; the run is at the source only.
+            match unsafe {
+                core.uffd
+                    .move_pages(dst + off, src + off, k * PAGE_SIZE, true, false)
+            } {
+                Ok(Resolved::Done) => {}
+                Ok(_) => last.errno = libc::EAGAIN,
+                Err(e) => last = e,
+            }
+        }
+    }
+}
+
+/// Moves every page that reached the destination back to the source. On
+/// failure the range stays split: [`MoveError::Split`].
+///
+/// # Safety
+/// As [`move_range`].
+unsafe fn undo(core: &Core, dst: usize, src: usize, at: &[Place]) -> Result<(), MoveError> {
+    let n = at.len();
+    let deadline = Instant::now() + DEADLINE;
+    let mut at = at.to_vec();
+    let mut round = 0u32;
+    loop {
+        let moved = runs_of(&at, Place::Dst);
+        if moved.is_empty() {
+            return Ok(());
+        }
+        let mut last = None;
+        for (i, k) in moved {
+            let off = i * PAGE_SIZE;
+            // SAFETY: the caller's contract; the run is at the destination
+            // only, where this move put it.
+            match unsafe {
+                core.uffd
+                    .move_pages(src + off, dst + off, k * PAGE_SIZE, true, false)
+            } {
+                Ok(Resolved::Done) => {}
+                Ok(_) => {}
+                Err(e) => last = Some(e),
+            }
+        }
+        at = places(core, dst, src, n).map_err(MoveError::Refused)?;
+        if !at.contains(&Place::Dst) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(MoveError::Split {
+                dst,
+                src,
+                last: last.unwrap_or(SysError {
+                    op: "UFFDIO_MOVE",
+                    addr: src,
+                    len: n * PAGE_SIZE,
+                    errno: libc::EAGAIN,
+                }),
+            });
+        }
+        backoff(round);
+        round += 1;
+    }
+}
+
+/// A few quick retries, then back off: a source the kernel holds for a
+/// moment (a per-CPU LRU batch, a split in progress) needs time, not spin.
+fn backoff(round: u32) {
+    if round < 8 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Whether no page of `[addr, addr + len)` holds data (mapped, swapped or
+/// migrating).
+pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
+    let mut v = Vec::new();
+    core.pagemap.has_data(addr, len / PAGE_SIZE, &mut v)?;
+    Ok(!v.contains(&true))
+}
+
+/// Whether every page of `[addr, addr + len)` holds data.
+pub(crate) fn is_whole(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
+    let mut v = Vec::new();
+    core.pagemap.has_data(addr, len / PAGE_SIZE, &mut v)?;
+    Ok(!v.contains(&false))
+}
+
+/// Gathers page `page` of `r`, recorded in frame slot `slot`, back into the
+/// slot: every 4 KiB page still in the region moves to the slot; slot pages
+/// that hold nothing — the program dropped them (`MADV_DONTNEED`) after they
+/// were mapped, so the kernel freed them — are refilled with the store's
+/// bytes for that page (zeros for the zero store). Afterwards the frame is
+/// whole in its slot, as if parked. Returns how many 4 KiB pages had to be
+/// refilled. Caller holds the page's fault lock.
+pub(crate) fn recollect(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    slot: usize,
+) -> Result<usize, crate::FaultError> {
+    let addr = r.page_addr(page);
+    let len = r.page_size.bytes();
+    let err = |source: SysError| crate::FaultError::Move { addr, source };
+    // SAFETY: the page's lock is held (caller) and the slot belongs to its
+    // frame, which only this page owns; nothing references either.
+    unsafe { move_range(core, slot, addr, len, Holes::Allow, false) }
+        .map_err(|e| err(e.into_sys(addr, len)))?;
+    let mut has = Vec::new();
+    core.pagemap
+        .has_data(slot, len / PAGE_SIZE, &mut has)
+        .map_err(err)?;
+    let holes: Vec<usize> = (0..has.len()).filter(|&i| !has[i]).collect();
+    if holes.is_empty() {
+        return Ok(0);
+    }
+    // Fresh zeroed pages in the holes (populating touches no present page),
+    // then the store's bytes over them where the store has any.
+    core.pool.populate_range(slot, len).map_err(err)?;
+    if !r.store.is_zero() {
+        let mut buf = vec![0u8; len];
+        r.store
+            .read(page as u64, &mut buf)
+            .map_err(|source| crate::FaultError::Store { addr, source })?;
+        for &i in &holes {
+            let at = i * PAGE_SIZE;
+            // SAFETY: `slot + at` is a populated page of the frame this
+            // page owns under its lock; nobody else reads or writes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    buf[at..].as_ptr(),
+                    (slot + at) as *mut u8,
+                    PAGE_SIZE,
+                );
+            }
+        }
+    }
+    core.stats
+        .refaulted_dropped
+        .fetch_add(holes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(holes.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_group_consecutive_pages() {
+        use Place::*;
+        let at = [Src, Src, Dst, Src, Neither, Src, Src, Src];
+        assert_eq!(runs_of(&at, Src), vec![(0, 2), (3, 1), (5, 3)]);
+        assert_eq!(runs_of(&at, Dst), vec![(2, 1)]);
+        assert!(runs_of(&at, Both).is_empty());
+    }
+}
