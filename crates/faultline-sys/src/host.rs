@@ -89,6 +89,11 @@ pub fn sync_all() {
     unsafe { libc::sync() };
 }
 
+/// This process's id (changes in a child of `fork()`).
+pub fn process_id() -> u32 {
+    std::process::id()
+}
+
 /// The calling thread's kernel thread id.
 pub fn thread_id() -> u32 {
     // SAFETY: gettid has no preconditions.

@@ -49,10 +49,16 @@ impl Advice {
 }
 
 /// An owned anonymous private mapping, read-write.
+///
+/// Owned by the process that made it: in a child of `fork()` (which has a
+/// copy of the value, and of the range unless it is `MADV_DONTFORK`, in
+/// which case something else of the child's may live there) dropping it
+/// unmaps nothing.
 #[derive(Debug)]
 pub struct Mapping {
     addr: NonNull<u8>,
     len: usize,
+    pid: u32,
 }
 
 // SAFETY: a Mapping is an address range plus the duty to unmap it; it holds no
@@ -64,6 +70,13 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of anonymous private memory (`MAP_NORESERVE`) whose
     /// start is a multiple of `align` (a power of two, at least the page size).
+    ///
+    /// Never locked, even after `mlockall(MCL_FUTURE)`: a locked mapping
+    /// would be populated by the kernel at once (a managed region's pages
+    /// must fault to faultline, and a terabyte region must not be touched)
+    /// and `UFFDIO_MOVE` refuses locked memory. So the range is mapped
+    /// `PROT_NONE` (which the kernel does not populate), unlocked, and only
+    /// then made read-write.
     pub fn anonymous(len: usize, align: usize) -> Result<Mapping, SysError> {
         let einval = SysError {
             op: "mmap",
@@ -81,7 +94,7 @@ impl Mapping {
             libc::mmap(
                 std::ptr::null_mut(),
                 total,
-                libc::PROT_READ | libc::PROT_WRITE,
+                libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
@@ -105,7 +118,24 @@ impl Mapping {
             }
         }
         let addr = NonNull::new(aligned as *mut u8).ok_or(einval)?;
-        Ok(Mapping { addr, len })
+        let ptr = addr.as_ptr().cast::<libc::c_void>();
+        // SAFETY: the range is the mapping just made; nothing references it.
+        // munlock of an unlocked range is a no-op; mprotect only changes the
+        // protection of pages nobody has touched.
+        unsafe {
+            if libc::munlock(ptr, len) != 0
+                || libc::mprotect(ptr, len, libc::PROT_READ | libc::PROT_WRITE) != 0
+            {
+                let e = SysError::last("munlock/mprotect", aligned, len);
+                libc::munmap(ptr, len);
+                return Err(e);
+            }
+        }
+        Ok(Mapping {
+            addr,
+            len,
+            pid: crate::host::process_id(),
+        })
     }
 
     /// Maps `len` bytes of `file` shared and read-write (`MAP_SHARED`): the
@@ -132,7 +162,11 @@ impl Mapping {
             len,
             errno: libc::EINVAL,
         })?;
-        Ok(Mapping { addr, len })
+        Ok(Mapping {
+            addr,
+            len,
+            pid: crate::host::process_id(),
+        })
     }
 
     /// Splits ownership of a mapping: gives up `self` and returns one
@@ -147,11 +181,15 @@ impl Mapping {
                 errno: libc::EINVAL,
             });
         }
-        let (addr, len) = (self.addr(), self.len);
+        let (addr, len, self_pid) = (self.addr(), self.len, self.pid);
         std::mem::forget(self);
         Ok((0..len / piece)
             .filter_map(|i| NonNull::new((addr + i * piece) as *mut u8))
-            .map(|addr| Mapping { addr, len: piece })
+            .map(|addr| Mapping {
+                addr,
+                len: piece,
+                pid: self_pid,
+            })
             .collect())
     }
 
@@ -297,6 +335,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.pid != crate::host::process_id() {
+            // A child of fork(): the range is not ours to unmap.
+            return;
+        }
         // SAFETY: we own [addr, addr+len) and unmap it exactly once; the
         // owner guarantees nothing references it any more.
         unsafe {

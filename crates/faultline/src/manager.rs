@@ -123,6 +123,12 @@ pub(crate) struct Core {
     /// This process's page tables, read by the page-move protocol
     /// ([`crate::pagemove`]).
     pub(crate) pagemap: faultline_sys::mem::PageMap,
+    /// The process that built the manager. A child of `fork()` has copies of
+    /// every handle but none of the threads, and shares the userfaultfd and
+    /// the shutdown eventfd with this process (ioctls on the userfaultfd act
+    /// on *this* process's address space): in a child, dropping a handle
+    /// must do nothing but forget it ([`Core::in_owner`]).
+    pid: u32,
     errors: Mutex<VecDeque<FaultError>>,
     next_id: AtomicU64,
     /// Events handed off by a worker about to block; see `fault::service`.
@@ -271,6 +277,12 @@ impl Core {
         }
     }
 
+    /// Whether this is the process that built the manager (not a child of
+    /// `fork()`); see `pid`.
+    pub(crate) fn in_owner(&self) -> bool {
+        self.pid == faultline_sys::host::process_id()
+    }
+
     /// Queues a fault error for the API to return.
     pub(crate) fn record(&self, e: FaultError) {
         tracing::warn!(error = %e, "fault error");
@@ -300,6 +312,12 @@ struct Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
+        if !self.core.in_owner() {
+            // A child of fork(): the workers are the parent's (none run
+            // here), and the shutdown eventfd is shared with the parent —
+            // signalling it would stop the parent's workers.
+            return;
+        }
         // If signalling fails the workers would block forever; there is no
         // way to report it from drop, and joining would hang, so detach then.
         // Release pairs with the zeroing worker's Acquire load.
@@ -418,6 +436,7 @@ impl ManagerBuilder {
             locks: FaultLocks::new(config.locks, config.fault_locks),
             stats: Stats::new(config.workers),
             pagemap: faultline_sys::mem::PageMap::open()?,
+            pid: faultline_sys::host::process_id(),
             table: RegionTable::new(config.lookup_cache),
             errors: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(1),
@@ -1080,6 +1099,13 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if !self.service.core.in_owner() {
+            // A child of fork(): the region's range is not in the child
+            // (`MADV_DONTFORK`), and every teardown step — write-back,
+            // unregister, moving pages out — would act on the parent's
+            // address space through the shared userfaultfd. Forget it.
+            return;
+        }
         self.teardown();
     }
 }

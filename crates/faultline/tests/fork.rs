@@ -1,0 +1,94 @@
+//! fork(): a child has copies of every faultline handle but none of the
+//! worker threads, and shares the userfaultfd and the shutdown eventfd with
+//! the parent. Nothing the child does with its copies may touch the parent.
+//! Needs userfaultfd (root).
+
+use faultline::store::File as FileStore;
+use faultline::MapOptions;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{manager, ScratchDir, MIB};
+
+const PAGE: usize = 4096;
+
+/// Waits up to `limit` for `pid`; kills it and fails if it does not exit.
+fn wait_child(pid: libc::pid_t, limit: Duration) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return status;
+        }
+        if t0.elapsed() > limit {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the child did not exit within {limit:?} (deadlocked in its drop?)");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Finding 3 of the data-loss issue: a child that dropped its `Region` and
+/// `Manager` signalled the shutdown eventfd it shares with the parent (the
+/// parent's workers exited: its next fault hung) and unregistered the
+/// parent's range (never-touched file pages read zeros). Now the child's
+/// drops do nothing to the parent: the parent keeps faulting, reading the
+/// file's bytes, and flushes its writes.
+#[test]
+fn a_child_dropping_its_copies_leaves_the_parent_alone() {
+    let dir = ScratchDir::new("fork");
+    let pages = 256;
+    let data: Vec<u8> = (0..pages * PAGE).map(|i| (i % 253) as u8 + 1).collect();
+    let path = dir.file("data", &data);
+    let mm = manager(8 * MIB);
+    let mut r = mm
+        .map(
+            pages * PAGE,
+            FileStore::open(&path, 0, true).expect("open"),
+            MapOptions::new(),
+        )
+        .expect("map");
+    // Touch (and dirty) the first half before the fork.
+    for p in 0..pages / 2 {
+        r.as_mut_slice()[p * PAGE] = 0xAB;
+    }
+    for round in 0..3 {
+        // SAFETY: fork; the child only drops faultline handles and exits
+        // with _exit (no atexit handlers, no unwinding into the harness).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let (r2, mm2) = (r, mm);
+            drop(r2);
+            drop(mm2);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        let status = wait_child(pid, Duration::from_secs(20));
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "round {round}: the child failed: status {status:#x}"
+        );
+        // The parent's workers still serve faults, and pages never touched
+        // read the file (its registration is intact).
+        let s = r.as_slice();
+        for p in 0..pages {
+            let want = if p < pages / 2 { 0xAB } else { data[p * PAGE] };
+            assert_eq!(s[p * PAGE], want, "round {round}: page {p}");
+            assert_eq!(s[p * PAGE + 1], data[p * PAGE + 1], "round {round}: page {p}");
+        }
+    }
+    r.flush().expect("flush");
+    let on_disk = std::fs::read(&path).expect("read back");
+    for p in 0..pages {
+        let want = if p < pages / 2 { 0xAB } else { data[p * PAGE] };
+        assert_eq!(on_disk[p * PAGE], want, "file page {p}");
+    }
+    assert!(mm.take_error().is_none());
+    drop(r);
+    let st = mm.stats();
+    assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
+}
