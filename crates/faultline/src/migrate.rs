@@ -39,10 +39,10 @@ use crate::config::{CopyMethod, PageSize};
 use crate::fault::service;
 use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
 use crate::manager::Core;
+use crate::pagemove::{self, Holes, MoveError};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::pagemove::{self, Holes, MoveError};
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::Instant;
@@ -600,7 +600,14 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
         // slots are the holes they left; faultline holds no reference into
         // either range.
         let whole = unsafe {
-            pagemove::move_range(core, slot, r.page_addr(t.page), n * unit, Holes::Forbid, false)
+            pagemove::move_range(
+                core,
+                slot,
+                r.page_addr(t.page),
+                n * unit,
+                Holes::Forbid,
+                false,
+            )
         };
         if whole.is_err() {
             for j in i..i + n {
@@ -639,7 +646,14 @@ fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, orde
     // SAFETY: the new frames are whole in their slots (copied, in flight
     // with this migration) and the pages are holes under their locks.
     let moved = unsafe {
-        pagemove::move_range(core, addr, core.pool.slot_addr(first), len, Holes::Forbid, true)
+        pagemove::move_range(
+            core,
+            addr,
+            core.pool.slot_addr(first),
+            len,
+            Holes::Forbid,
+            true,
+        )
     };
     match moved {
         Ok(()) => {

@@ -33,9 +33,9 @@ use crate::config::PageSize;
 use crate::fault::FaultError;
 use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
+use crate::pagemove::{self, Holes};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
-use crate::pagemove::{self, Holes};
 use faultline_sys::PAGE_SIZE;
 
 /// Where the clock hand stands: the start address of a region and a page.
@@ -246,8 +246,9 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> bool {
     let addr = r.page_addr(page);
     // SAFETY: the page is resident under its lock and its frame's slot is
     // the hole it left; faultline holds no reference into either.
-    let moved =
-        unsafe { pagemove::move_range(core, slot, addr, r.page_size.bytes(), Holes::Forbid, false) };
+    let moved = unsafe {
+        pagemove::move_range(core, slot, addr, r.page_size.bytes(), Holes::Forbid, false)
+    };
     let parked = match moved {
         Ok(()) => true,
         Err(_) => match pagemove::recollect(core, r, page, slot) {

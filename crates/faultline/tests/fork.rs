@@ -78,7 +78,11 @@ fn a_child_dropping_its_copies_leaves_the_parent_alone() {
         for p in 0..pages {
             let want = if p < pages / 2 { 0xAB } else { data[p * PAGE] };
             assert_eq!(s[p * PAGE], want, "round {round}: page {p}");
-            assert_eq!(s[p * PAGE + 1], data[p * PAGE + 1], "round {round}: page {p}");
+            assert_eq!(
+                s[p * PAGE + 1],
+                data[p * PAGE + 1],
+                "round {round}: page {p}"
+            );
         }
     }
     r.flush().expect("flush");

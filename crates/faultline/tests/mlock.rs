@@ -37,7 +37,11 @@ fn child() {
     r.flush().expect("flush");
     let on_disk = std::fs::read(&path).expect("read back");
     for p in 0..pages {
-        assert_eq!(on_disk[p * PAGE + 7], 0, "page {p}'s write reached the file");
+        assert_eq!(
+            on_disk[p * PAGE + 7],
+            0,
+            "page {p}'s write reached the file"
+        );
         assert_eq!(on_disk[p * PAGE + 8], data[p * PAGE + 8]);
     }
     let st = mm.stats();

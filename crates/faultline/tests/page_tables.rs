@@ -55,7 +55,13 @@ fn dropped_part_of_a_huge_page_keeps_the_rest() {
         } else {
             (i % 251) as u8 | 1
         };
-        assert_eq!(b, want, "byte {i} (page {}, 4 KiB page {})", i / HUGE, i / PAGE);
+        assert_eq!(
+            b,
+            want,
+            "byte {i} (page {}, 4 KiB page {})",
+            i / HUGE,
+            i / PAGE
+        );
     }
     let st = settled(&mm);
     assert_eq!(st.refaulted_dropped, 3, "three 4 KiB holes refilled: {st}");
@@ -120,13 +126,7 @@ fn swapped_out_dirty_pages_are_written_back() {
         chunk.fill((i % 255) as u8 + 1);
     }
     // SAFETY: the region's range; no reference into it is held.
-    let rc = unsafe {
-        libc::madvise(
-            r.as_ptr() as *mut libc::c_void,
-            r.len(),
-            libc::MADV_PAGEOUT,
-        )
-    };
+    let rc = unsafe { libc::madvise(r.as_ptr() as *mut libc::c_void, r.len(), libc::MADV_PAGEOUT) };
     assert_eq!(rc, 0, "MADV_PAGEOUT: {}", std::io::Error::last_os_error());
     let swapped = common::swapped_pages(r.addr(), pages);
     assert!(

@@ -1,10 +1,22 @@
-//! A long stress test with a checksum oracle: threads race faults on shared
-//! regions — which a migrator moves between two pools and collapses
-//! meanwhile — and churn private ones (map, write, verify, unmap) for a while;
-//! every word written must read back, every untouched word must be zero, and
-//! at the end every frame is back in the pool. Needs userfaultfd (root);
-//! fails with the reason otherwise. `FAULTLINE_STRESS_SECS` sets the length
-//! (default 8 s).
+//! Long stress tests with a checksum oracle. Needs userfaultfd (root); fails
+//! with the reason otherwise. `FAULTLINE_STRESS_SECS` sets each test's
+//! length (default 8 s), `FAULTLINE_STRESS_SEED` the seed of every random
+//! choice (default 1; printed on failure). CI runs them under load (two CPU
+//! hogs beside them) with several seeds.
+//!
+//! 1. [`stress_checksum_oracle`]: threads race faults on shared zero-filled
+//!    regions — which a migrator moves between two pools and collapses
+//!    meanwhile, a dropper `MADV_DONTNEED`s pages nobody writes inside the
+//!    same 2 MiB pages others write, and a forker forks children that exit —
+//!    and churn private ones (map, write, verify, unmap).
+//! 2. [`stress_store_backed_oracle`]: the same writers over file-backed
+//!    regions (4 KiB and 2 MiB pages) four times the budget, so reclaim
+//!    parks, evicts and writes back all the time, with a flusher, the
+//!    dropper and the forker; at the end a fresh manager reopens the file
+//!    and every byte must match the oracle.
+//!
+//! Every word written must read back, every word nobody wrote must read its
+//! initial value, and at the end every frame is back in the pool.
 
 use faultline::store::Zero;
 use faultline::{MapOptions, MigrateError, PageSize};
@@ -12,19 +24,107 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{rng, MIB};
+use common::{rng, ScratchDir, MIB};
 
 /// The value thread `t` writes into word `w` of a region in round `round`.
 fn value(t: usize, round: u64, w: usize) -> u64 {
     ((t as u64) << 56) ^ (round << 32) ^ (w as u64).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1
 }
 
-#[test]
-fn stress_checksum_oracle() {
-    let secs: u64 = std::env::var("FAULTLINE_STRESS_SECS")
+/// The run's seed (`FAULTLINE_STRESS_SEED`, default 1).
+fn seed() -> u64 {
+    std::env::var("FAULTLINE_STRESS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(8);
+        .unwrap_or(1)
+}
+
+fn secs() -> u64 {
+    std::env::var("FAULTLINE_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8)
+}
+
+/// Every 8th 4 KiB page is the dropper's: nobody writes it, and the dropper
+/// `MADV_DONTNEED`s it while the threads write the other pages of the same
+/// 2 MiB page (the partial drop that used to lose the rest of the page).
+fn dropper_page(word: usize) -> bool {
+    (word * 8 / 4096) % 8 == 7
+}
+
+/// A word of thread `t` (of `threads`) in a region of `words` words that
+/// is not on a dropper page.
+fn pick_word(next: &mut impl FnMut() -> u64, words: usize, threads: usize, t: usize) -> usize {
+    loop {
+        let w = (next() as usize % (words / threads)) * threads + t;
+        if !dropper_page(w) {
+            return w;
+        }
+    }
+}
+
+/// Drops random dropper pages of `regions` until `deadline`, checking each
+/// reads its initial value (`initial(region, offset)`) afterwards.
+fn run_dropper(
+    regions: &[&faultline::Region],
+    deadline: Instant,
+    initial: impl Fn(usize, usize) -> u8,
+) -> u64 {
+    let mut next = rng(seed() ^ 0xD209);
+    let mut drops = 0;
+    while Instant::now() < deadline {
+        let ri = next() as usize % regions.len();
+        let r = regions[ri];
+        let pages = r.len() / 4096;
+        let p = (next() as usize % (pages / 8)) * 8 + 7;
+        let addr = r.addr() + p * 4096;
+        // SAFETY: a page of a live region that only this thread touches.
+        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, 4096, libc::MADV_DONTNEED) };
+        assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
+        // SAFETY: inside the live region.
+        let b = unsafe { ((addr + 100) as *const u8).read_volatile() };
+        assert_eq!(
+            b,
+            initial(ri, p * 4096 + 100),
+            "dropped page {p} of region {ri}"
+        );
+        drops += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drops
+}
+
+/// Forks children that touch their own memory and exit, until `deadline`.
+fn run_forker(deadline: Instant) -> u64 {
+    let mut forks = 0;
+    while Instant::now() < deadline {
+        // SAFETY: the child writes a stack buffer and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let mut buf = [0u8; 4096];
+            for (i, b) in buf.iter_mut().enumerate() {
+                // SAFETY: a local buffer.
+                unsafe { std::ptr::write_volatile(b, i as u8) };
+            }
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        forks += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    forks
+}
+
+#[test]
+fn stress_checksum_oracle() {
+    let secs = secs();
+    let seed = seed();
     // Pool 0 plus a tier the shared regions migrate to and from meanwhile.
     let mm = common::manager_with(
         faultline::Config {
@@ -50,6 +150,7 @@ fn stress_checksum_oracle() {
         .expect("map");
     let deadline = Instant::now() + Duration::from_secs(secs);
     let migrations = AtomicU64::new(0);
+    let drops = AtomicU64::new(0);
     let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = std::thread::scope(|s| {
         // 3. A migrator: moves both shared regions between the pools and
         //    collapses the 4 KiB one's fully touched blocks, while the
@@ -71,12 +172,17 @@ fn stress_checksum_oracle() {
                 migrations.fetch_add(1, Ordering::Relaxed);
             }
         });
+        s.spawn(|| {
+            let n = run_dropper(&[&shared_4k, &shared_2m], deadline, |_, _| 0);
+            drops.fetch_add(n, Ordering::Relaxed);
+        });
+        s.spawn(|| run_forker(deadline));
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let (mm, stop, checked) = (&mm, &stop, &checked);
                 let shared = [&shared_4k, &shared_2m];
                 s.spawn(move || {
-                    let mut next = rng(t as u64 + 1);
+                    let mut next = rng((t as u64 + 1) ^ seed.wrapping_mul(0x9E37_79B9));
                     let mut round = 0u64;
                     // The oracle: which words this thread wrote in the shared
                     // regions (and with what round).
@@ -88,7 +194,7 @@ fn stress_checksum_oracle() {
                         for (si, r) in shared.iter().enumerate() {
                             let words = r.len() / 8;
                             for _ in 0..64 {
-                                let w = (next() as usize % (words / threads)) * threads + t;
+                                let w = pick_word(&mut next, words, threads, t);
                                 let p = (r.addr() + w * 8) as *mut u64;
                                 // SAFETY: inside a live region; word w is written
                                 // only by thread t.
@@ -150,8 +256,11 @@ fn stress_checksum_oracle() {
                         for (&w, &rd) in &mine[si] {
                             // SAFETY: inside a live region.
                             let v = unsafe { ((r.addr() + w * 8) as *const u64).read_volatile() };
-                            if v != value(t, rd, w) { eprintln!("DIAG {:?} page {}", mm.stats(), w*8/(r.len()/ (r.len()>>21).max(1)).max(1)); while let Some(e) = mm.take_error() { eprintln!("DIAGERR {e}"); } }
-                            assert_eq!(v, value(t, rd, w), "thread {t}: shared word {w} lost");
+                            assert_eq!(
+                                v,
+                                value(t, rd, w),
+                                "seed {seed}: thread {t}: shared word {w} lost"
+                            );
                         }
                     }
                     mine
@@ -172,7 +281,7 @@ fn stress_checksum_oracle() {
         for (w, &v) in words.iter().enumerate() {
             let t = w % threads;
             let want = oracles[t][si].get(&w).map_or(0, |&rd| value(t, rd, w));
-            assert_eq!(v, want, "shared region {si}, word {w}");
+            assert_eq!(v, want, "seed {seed}: shared region {si}, word {w}");
         }
     }
     assert!(checked.load(Ordering::Relaxed) > 0);
@@ -185,9 +294,145 @@ fn stress_checksum_oracle() {
     let st = mm.stats();
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
     assert_eq!(st.poisoned, 0, "{st}");
+    assert!(drops.load(Ordering::Relaxed) > 0);
     println!(
-        "stress: {} private regions checked, {} migration rounds\n{st}",
+        "stress (seed {seed}): {} private regions checked, {} migration rounds, {} pages dropped\n{st}",
         checked.load(Ordering::Relaxed),
-        migrations.load(Ordering::Relaxed)
+        migrations.load(Ordering::Relaxed),
+        drops.load(Ordering::Relaxed)
     );
+}
+
+/// File-backed regions four times the budget: writers, a flusher, the
+/// dropper and the forker at once; then the file, reopened by a fresh
+/// manager, must match the oracle byte for byte.
+#[test]
+fn stress_store_backed_oracle() {
+    let secs = secs();
+    let seed = seed();
+    let dir = ScratchDir::new("stress-file");
+    let len = 32 * MIB;
+    // The initial content of file `i` at byte `o`.
+    let initial = |i: usize, o: usize| ((o / 4096) as u8).wrapping_mul(31) ^ (i as u8 + 1);
+    let paths: Vec<_> = (0..2)
+        .map(|i| {
+            let data: Vec<u8> = (0..len).map(|o| initial(i, o)).collect();
+            dir.file(&format!("region-{i}"), &data)
+        })
+        .collect();
+    let threads = 3;
+    let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = {
+        let mm = common::manager_with(faultline::Config {
+            budget: 16 * MIB,
+            workers: 2,
+            fault_locks: 8,
+            ..faultline::Config::default()
+        });
+        let open = |i: usize, size: PageSize| {
+            mm.map(
+                len,
+                faultline::store::File::open(&paths[i], 0, true).expect("open"),
+                MapOptions::new().page_size(size),
+            )
+            .expect("map")
+        };
+        let regions = [open(0, PageSize::Base4K), open(1, PageSize::Huge2M)];
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let flushes = AtomicU64::new(0);
+        let oracles = std::thread::scope(|s| {
+            s.spawn(|| {
+                while Instant::now() < deadline {
+                    for r in &regions {
+                        r.flush().expect("flush");
+                    }
+                    flushes.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+            s.spawn(|| run_dropper(&[&regions[0], &regions[1]], deadline, initial));
+            s.spawn(|| run_forker(deadline));
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let regions = &regions;
+                    s.spawn(move || {
+                        let mut next = rng((t as u64 + 7) ^ seed.wrapping_mul(0x9E37_79B9));
+                        let mut mine: Vec<std::collections::HashMap<usize, u64>> =
+                            vec![Default::default(); 2];
+                        let mut round = 0u64;
+                        while Instant::now() < deadline {
+                            round += 1;
+                            for (ri, r) in regions.iter().enumerate() {
+                                for _ in 0..32 {
+                                    let w = pick_word(&mut next, r.len() / 8, threads, t);
+                                    let p = (r.addr() + w * 8) as *mut u64;
+                                    // SAFETY: inside a live region; word w
+                                    // is written only by thread t.
+                                    unsafe { p.write_volatile(value(t, round, w)) };
+                                    mine[ri].insert(w, round);
+                                }
+                                // Read back a word written earlier (it may
+                                // have been evicted and read from the file).
+                                if let Some((&w, &rd)) = mine[ri].iter().next() {
+                                    // SAFETY: inside a live region.
+                                    let v = unsafe {
+                                        ((r.addr() + w * 8) as *const u64).read_volatile()
+                                    };
+                                    assert_eq!(
+                                        v,
+                                        value(t, rd, w),
+                                        "seed {seed}: region {ri} word {w}"
+                                    );
+                                }
+                            }
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("stress thread"))
+                .collect::<Vec<_>>()
+        });
+        if let Some(e) = mm.take_error() {
+            panic!("seed {seed}: fault error during the run: {e}");
+        }
+        let st = mm.stats();
+        assert!(
+            st.evicted > 0 && st.written_back > 0,
+            "reclaim did not run: {st}"
+        );
+        assert!(flushes.load(Ordering::Relaxed) > 0);
+        println!("stress, store-backed (seed {seed}): {st}");
+        oracles
+        // The regions drop here: write-back of what is still dirty.
+    };
+    // A fresh manager reads the files back: every word a thread wrote is its
+    // last value, every other byte the file's initial content.
+    let mm = common::manager(8 * MIB);
+    for (ri, path) in paths.iter().enumerate() {
+        let r = mm
+            .map(
+                len,
+                faultline::store::File::open(path, 0, false).expect("open"),
+                MapOptions::new(),
+            )
+            .expect("map");
+        // SAFETY: page aligned, length a multiple of 8.
+        let (_, words, _) = unsafe { r.as_slice().align_to::<u64>() };
+        for (w, &v) in words.iter().enumerate() {
+            let t = w % threads;
+            let want = match oracles[t][ri].get(&w) {
+                Some(&rd) => value(t, rd, w),
+                None => {
+                    let mut b = [0u8; 8];
+                    for (k, x) in b.iter_mut().enumerate() {
+                        *x = initial(ri, w * 8 + k);
+                    }
+                    u64::from_ne_bytes(b)
+                }
+            };
+            assert_eq!(v, want, "seed {seed}: file {ri}, word {w} after reopening");
+        }
+    }
 }

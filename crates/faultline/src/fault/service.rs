@@ -34,9 +34,9 @@ use crate::config::PageSize;
 use crate::fill::{self, FillSource};
 use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
+use crate::pagemove::{self, Holes, MoveError};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
-use crate::pagemove::{self, Holes, MoveError};
 use faultline_sys::uffd::{Event, Ready, Resolved, Waiter};
 use faultline_sys::{host, PAGE_SIZE};
 use std::collections::VecDeque;
@@ -394,7 +394,14 @@ fn resolve(
     // SAFETY: `frame` is in flight with this worker and the window's pages
     // are absent under its locks; nothing references either range.
     let moved = unsafe {
-        pagemove::move_range(core, addr, core.pool.addr_of(&frame), len, Holes::Forbid, true)
+        pagemove::move_range(
+            core,
+            addr,
+            core.pool.addr_of(&frame),
+            len,
+            Holes::Forbid,
+            true,
+        )
     };
     if let Some(guard) = split {
         if moved.is_ok() {
@@ -483,7 +490,12 @@ fn refault(
         Ok(false) => {}
         Err(e) => {
             let addr = region.page_addr(page);
-            return Some(poison(core, region, page, FaultError::Move { addr, source: e }));
+            return Some(poison(
+                core,
+                region,
+                page,
+                FaultError::Move { addr, source: e },
+            ));
         }
     }
     match pagemove::recollect(core, region, page, core.pool.slot_addr(f)) {
@@ -552,7 +564,14 @@ pub(crate) fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> 
     // SAFETY: a parked page's frame is whole in its slot and the page is a
     // hole, under the page's lock; nothing references either.
     let moved = unsafe {
-        pagemove::move_range(core, addr, core.pool.addr_of(&frame), len, Holes::Forbid, true)
+        pagemove::move_range(
+            core,
+            addr,
+            core.pool.addr_of(&frame),
+            len,
+            Holes::Forbid,
+            true,
+        )
     };
     match moved {
         Ok(()) => {

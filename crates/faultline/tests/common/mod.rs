@@ -85,10 +85,8 @@ impl ScratchDir {
     pub fn new(tag: &str) -> ScratchDir {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "faultline-test-{tag}-{}-{n}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("faultline-test-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&path).expect("scratch dir");
         ScratchDir { path }
     }
