@@ -159,13 +159,16 @@ pub(crate) unsafe fn move_range(
     holes: Holes,
     wake: bool,
 ) -> Result<(), MoveError> {
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract. The kernel wakes the destination's
+    // waiters itself when the move completes (with `wake`); after a partial
+    // move it wakes what moved, and a thread woken early refaults onto the
+    // page lock the caller holds.
     let first = unsafe {
         core.uffd
-            .move_pages(dst, src, len, true, holes == Holes::Allow)
+            .move_pages(dst, src, len, !wake, holes == Holes::Allow)
     };
     let last = match first {
-        Ok(Resolved::Done) => return finish(core, dst, len, wake),
+        Ok(Resolved::Done) => return Ok(()),
         Ok(_) => SysError {
             op: "UFFDIO_MOVE",
             addr: dst,

@@ -200,8 +200,9 @@ pub struct StatsSnapshot {
     /// Faults that found their page already mapped (a racing thread's fault
     /// was served first): only a wake-up.
     pub already_mapped: u64,
-    /// Faults on pages the application had dropped (`MADV_DONTNEED`); their
-    /// frame slot was refilled and the page served again.
+    /// 4 KiB pages the application had dropped (`MADV_DONTNEED`) from a
+    /// page faultline maps, refilled (store bytes or zeros) when the page was
+    /// gathered back into its frame (`pagemove::recollect`).
     pub refaulted_dropped: u64,
     /// Events for addresses in no region (a region being unmapped).
     pub stray: u64,
@@ -215,10 +216,11 @@ pub struct StatsSnapshot {
     pub fills_prezeroed: u64,
     /// Frames filled from a store.
     pub fills_store: u64,
-    /// `UFFDIO_MOVE` calls retried after `EAGAIN`.
+    /// Rounds of the page-move protocol that had to move pages again after
+    /// the kernel stopped part way (`pagemove`).
     pub move_retries: u64,
-    /// Moves the kernel reported as failed (`EAGAIN`/`EEXIST`) although the
-    /// page tables show they happened (see `fault::service::move_frame`).
+    /// Moves the kernel did not report as done that the page tables show
+    /// complete (after the protocol's retries, or misreported outright).
     pub move_misreported: u64,
     /// Empty page tables dropped before a 2 MiB move.
     pub pt_discards: u64,
