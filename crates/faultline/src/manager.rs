@@ -1048,9 +1048,7 @@ impl Region {
                 // the pool and the region pages are resident; after
                 // unregistering, nothing but this teardown (holding the window
                 // lock) changes either.
-                let whole = unsafe {
-                    pagemove::move_range(core, slot, r.page_addr(p), n * unit, Holes::Forbid, false)
-                };
+                let whole = unsafe { pagemove::move_out(core, slot, r.page_addr(p), n * unit) };
                 for i in 0..n {
                     let frame = Frame::from_parts(f + i as u32 * per_unit, order);
                     if whole.is_err() {

@@ -39,7 +39,7 @@ use crate::config::{CopyMethod, PageSize};
 use crate::fault::service;
 use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
 use crate::manager::Core;
-use crate::pagemove::{self, Holes, MoveError};
+use crate::pagemove::{self, MoveError};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -599,16 +599,7 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
         // SAFETY: the pages are resident under their locks and their frames'
         // slots are the holes they left; faultline holds no reference into
         // either range.
-        let whole = unsafe {
-            pagemove::move_range(
-                core,
-                slot,
-                r.page_addr(t.page),
-                n * unit,
-                Holes::Forbid,
-                false,
-            )
-        };
+        let whole = unsafe { pagemove::move_out(core, slot, r.page_addr(t.page), n * unit) };
         if whole.is_err() {
             for j in i..i + n {
                 // Parked now (or, if it cannot be, left resident).
@@ -645,16 +636,7 @@ fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, orde
     };
     // SAFETY: the new frames are whole in their slots (copied, in flight
     // with this migration) and the pages are holes under their locks.
-    let moved = unsafe {
-        pagemove::move_range(
-            core,
-            addr,
-            core.pool.slot_addr(first),
-            len,
-            Holes::Forbid,
-            true,
-        )
-    };
+    let moved = unsafe { pagemove::move_in(core, addr, core.pool.slot_addr(first), len) };
     match moved {
         Ok(()) => {
             if let Some(g) = split {

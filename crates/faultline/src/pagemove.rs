@@ -181,6 +181,72 @@ pub(crate) unsafe fn move_range(
     unsafe { settle(core, dst, src, len, holes, wake, last) }
 }
 
+/// Moves a frame (or run of frames) at `src` into region pages at `dst`
+/// and wakes the threads waiting there: [`move_range`] with every source
+/// page required.
+///
+/// # Safety
+/// As [`move_range`].
+pub(crate) unsafe fn move_in(
+    core: &Core,
+    dst: usize,
+    src: usize,
+    len: usize,
+) -> Result<(), MoveError> {
+    // SAFETY: the caller's contract.
+    unsafe { move_range(core, dst, src, len, Holes::Forbid, true) }
+}
+
+/// Moves resident region pages at `src` out to their frames' slots at
+/// `dst` (nobody waits on a slot): [`move_range`] with every source page
+/// required.
+///
+/// # Safety
+/// As [`move_range`].
+pub(crate) unsafe fn move_out(
+    core: &Core,
+    dst: usize,
+    src: usize,
+    len: usize,
+) -> Result<(), MoveError> {
+    // SAFETY: the caller's contract.
+    unsafe { move_range(core, dst, src, len, Holes::Forbid, false) }
+}
+
+/// Moves each run `(first page, pages)` from `src` to `dst`; returns the
+/// last refusal, if any (the caller re-reads the page tables either way).
+///
+/// # Safety
+/// As [`move_range`]; each run is at `src` only.
+unsafe fn move_runs(
+    core: &Core,
+    dst: usize,
+    src: usize,
+    runs: &[(usize, usize)],
+) -> Option<SysError> {
+    let mut last = None;
+    for &(i, k) in runs {
+        let off = i * PAGE_SIZE;
+        // SAFETY: the caller's contract.
+        match unsafe {
+            core.uffd
+                .move_pages(dst + off, src + off, k * PAGE_SIZE, true, false)
+        } {
+            Ok(Resolved::Done) => {}
+            Ok(_) => {
+                last = Some(SysError {
+                    op: "UFFDIO_MOVE",
+                    addr: dst + off,
+                    len: k * PAGE_SIZE,
+                    errno: libc::EAGAIN,
+                })
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    last
+}
+
 fn finish(core: &Core, dst: usize, len: usize, wake: bool) -> Result<(), MoveError> {
     if wake {
         core.uffd.wake(dst, len).map_err(MoveError::Refused)?;
@@ -239,17 +305,9 @@ unsafe fn settle(
         Stats::bump(&core.stats.move_retries);
         backoff(round);
         round += 1;
-        for (i, k) in pending {
-            let off = i * PAGE_SIZE;
-            // SAFETY: the caller's contract; the run is at the source only.
-            match unsafe {
-                core.uffd
-                    .move_pages(dst + off, src + off, k * PAGE_SIZE, true, false)
-            } {
-                Ok(Resolved::Done) => {}
-                Ok(_) => last.errno = libc::EAGAIN,
-                Err(e) => last = e,
-            }
+        // SAFETY: the caller's contract; the runs are at the source only.
+        if let Some(e) = unsafe { move_runs(core, dst, src, &pending) } {
+            last = e;
         }
     }
 }
@@ -269,20 +327,9 @@ unsafe fn undo(core: &Core, dst: usize, src: usize, at: &[Place]) -> Result<(), 
         if moved.is_empty() {
             return Ok(());
         }
-        let mut last = None;
-        for (i, k) in moved {
-            let off = i * PAGE_SIZE;
-            // SAFETY: the caller's contract; the run is at the destination
-            // only, where this move put it.
-            match unsafe {
-                core.uffd
-                    .move_pages(src + off, dst + off, k * PAGE_SIZE, true, false)
-            } {
-                Ok(Resolved::Done) => {}
-                Ok(_) => {}
-                Err(e) => last = Some(e),
-            }
-        }
+        // SAFETY: the caller's contract; the runs are at the destination
+        // only, where this move put them.
+        let last = unsafe { move_runs(core, src, dst, &moved) };
         at = places(core, dst, src, n).map_err(MoveError::Refused)?;
         if !at.contains(&Place::Dst) {
             return Ok(());

@@ -33,7 +33,7 @@ use crate::config::PageSize;
 use crate::fault::FaultError;
 use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
-use crate::pagemove::{self, Holes};
+use crate::pagemove;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::PAGE_SIZE;
@@ -163,8 +163,7 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     // SAFETY: the pages are resident under their locks (held), their frames'
     // slots are the holes they left, and faultline holds no reference into
     // either range.
-    let moved =
-        unsafe { pagemove::move_range(core, slot, addr, n * PAGE_SIZE, Holes::Forbid, false) };
+    let moved = unsafe { pagemove::move_out(core, slot, addr, n * PAGE_SIZE) };
     if moved.is_err() {
         // Nothing moved (or the run is left split): step the pages one by
         // one, which gathers whatever is where.
@@ -246,9 +245,7 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> bool {
     let addr = r.page_addr(page);
     // SAFETY: the page is resident under its lock and its frame's slot is
     // the hole it left; faultline holds no reference into either.
-    let moved = unsafe {
-        pagemove::move_range(core, slot, addr, r.page_size.bytes(), Holes::Forbid, false)
-    };
+    let moved = unsafe { pagemove::move_out(core, slot, addr, r.page_size.bytes()) };
     let parked = match moved {
         Ok(()) => true,
         Err(_) => match pagemove::recollect(core, r, page, slot) {

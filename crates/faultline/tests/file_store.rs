@@ -80,7 +80,7 @@ fn read_through_flush_and_reopen() {
 #[test]
 fn read_only_region_never_changes_the_file() {
     let mm = manager();
-    let (mut r, data, path) = read_only_region(&mm, "ro", 4 * MIB, 9);
+    let (mut r, data, path, _dir) = read_only_region(&mm, "ro", 4 * MIB, 9);
     r.as_mut_slice()[100] ^= 0xff;
     r.as_mut_slice()[3 * MIB] ^= 0xff;
     r.flush().expect("a read-only flush is a no-op");
@@ -122,9 +122,9 @@ fn read_only_region(
     name: &str,
     len: usize,
     seed: u8,
-) -> (faultline::Region, Vec<u8>, std::path::PathBuf) {
+) -> (faultline::Region, Vec<u8>, std::path::PathBuf, ScratchDir) {
     let data = pattern(len, seed);
-    let (_dir, path) = scratch(name, &data);
+    let (dir, path) = scratch(name, &data);
     let r = mm
         .map(
             len,
@@ -132,13 +132,13 @@ fn read_only_region(
             MapOptions::new(),
         )
         .expect("map");
-    (r, data, path)
+    (r, data, path, dir)
 }
 
 #[test]
 fn sequential_reads_read_ahead() {
     let mm = manager();
-    let (r, data, path) = read_only_region(&mm, "ra", 4 * MIB, 11);
+    let (r, data, path, _dir) = read_only_region(&mm, "ra", 4 * MIB, 11);
     let s = r.as_slice();
     for p in 0..1024 {
         assert_eq!(s[p * 4096 + 3], data[p * 4096 + 3], "page {p}");
@@ -158,7 +158,7 @@ fn sequential_reads_read_ahead() {
 #[test]
 fn prefetch_maps_a_range_without_faults() {
     let mm = manager();
-    let (r, data, path) = read_only_region(&mm, "prefetch", 4 * MIB, 21);
+    let (r, data, path, _dir) = read_only_region(&mm, "prefetch", 4 * MIB, 21);
     let mapped = r.prefetch(MIB..2 * MIB + 100).expect("prefetch");
     assert!(mapped >= 1, "nothing mapped");
     for p in (MIB..2 * MIB + 100).step_by(4096) {

@@ -3,8 +3,6 @@
 //! the parent. Nothing the child does with its copies may touch the parent.
 //! Needs userfaultfd (root).
 
-use faultline::store::File as FileStore;
-use faultline::MapOptions;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -44,13 +42,7 @@ fn a_child_dropping_its_copies_leaves_the_parent_alone() {
     let data: Vec<u8> = (0..pages * PAGE).map(|i| (i % 253) as u8 + 1).collect();
     let path = dir.file("data", &data);
     let mm = manager(8 * MIB);
-    let mut r = mm
-        .map(
-            pages * PAGE,
-            FileStore::open(&path, 0, true).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let mut r = common::map_file(&mm, &path, pages);
     // Touch (and dirty) the first half before the fork.
     for p in 0..pages / 2 {
         r.as_mut_slice()[p * PAGE] = 0xAB;

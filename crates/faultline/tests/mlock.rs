@@ -6,9 +6,6 @@
 //! a child process (this test binary, re-executed): mlockall is process-wide.
 //! Needs userfaultfd (root).
 
-use faultline::store::File as FileStore;
-use faultline::MapOptions;
-
 mod common;
 use common::{manager, ScratchDir, MIB};
 
@@ -23,13 +20,7 @@ fn child() {
     let data: Vec<u8> = (0..pages * PAGE).map(|i| (i % 249) as u8 + 1).collect();
     let path = dir.file("data", &data);
     let mm = manager(4 * MIB);
-    let mut r = mm
-        .map(
-            pages * PAGE,
-            FileStore::open(&path, 0, true).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let mut r = common::map_file(&mm, &path, pages);
     assert!(r.as_slice() == &data[..], "the region reads the file");
     for p in 0..pages {
         r.as_mut_slice()[p * PAGE + 7] = 0;

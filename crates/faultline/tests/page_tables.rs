@@ -115,13 +115,7 @@ fn swapped_out_dirty_pages_are_written_back() {
     let pages = 2048;
     let path = dir.file("data", &vec![0u8; pages * PAGE]);
     let mm = manager(32 * MIB);
-    let mut r = mm
-        .map(
-            pages * PAGE,
-            FileStore::open(&path, 0, true).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let mut r = common::map_file(&mm, &path, pages);
     for (i, chunk) in r.as_mut_slice().chunks_mut(PAGE).enumerate() {
         chunk.fill((i % 255) as u8 + 1);
     }

@@ -34,7 +34,7 @@ use crate::config::PageSize;
 use crate::fill::{self, FillSource};
 use crate::frame::{Frame, FrameAllocator};
 use crate::manager::Core;
-use crate::pagemove::{self, Holes, MoveError};
+use crate::pagemove::{self, MoveError};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::uffd::{Event, Ready, Resolved, Waiter};
@@ -393,16 +393,7 @@ fn resolve(
     let split = core.pool.split_guard(&frame);
     // SAFETY: `frame` is in flight with this worker and the window's pages
     // are absent under its locks; nothing references either range.
-    let moved = unsafe {
-        pagemove::move_range(
-            core,
-            addr,
-            core.pool.addr_of(&frame),
-            len,
-            Holes::Forbid,
-            true,
-        )
-    };
+    let moved = unsafe { pagemove::move_in(core, addr, core.pool.addr_of(&frame), len) };
     if let Some(guard) = split {
         if moved.is_ok() {
             guard.mark_split();
@@ -563,16 +554,7 @@ pub(crate) fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> 
     region.set_state(page, PageState::Resident(f));
     // SAFETY: a parked page's frame is whole in its slot and the page is a
     // hole, under the page's lock; nothing references either.
-    let moved = unsafe {
-        pagemove::move_range(
-            core,
-            addr,
-            core.pool.addr_of(&frame),
-            len,
-            Holes::Forbid,
-            true,
-        )
-    };
+    let moved = unsafe { pagemove::move_in(core, addr, core.pool.addr_of(&frame), len) };
     match moved {
         Ok(()) => {
             Stats::bump(&core.stats.unparked);

@@ -110,6 +110,16 @@ impl Drop for ScratchDir {
     }
 }
 
+/// A writable region of `pages` 4 KiB pages over the file at `path`.
+pub fn map_file(mm: &Manager, path: &std::path::Path, pages: usize) -> faultline::Region {
+    mm.map(
+        pages * 4096,
+        faultline::store::File::open(path, 0, true).expect("open"),
+        faultline::MapOptions::new(),
+    )
+    .expect("map")
+}
+
 /// Swap on the zram device for the life of the value; `swapoff` and a zram
 /// reset when it drops. Panics with the reason if swap cannot be set up
 /// (a test that needs swap never passes without it).
