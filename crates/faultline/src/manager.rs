@@ -86,9 +86,39 @@ pub enum MapError {
         /// The length asked for.
         len: usize,
     },
+    /// Another region of this manager maps an overlapping range of the same
+    /// object (file), and one of the two may write it: their pages would
+    /// be separate copies, and one region's write-back would overwrite the
+    /// other's writes. Map the object once and share the region, or map
+    /// both read-only.
+    #[error(
+        "bytes {start}..{end} of this store's object overlap bytes {other_start}..{other_end} \
+         mapped writable by another region; two regions over one object range are not coherent"
+    )]
+    Overlaps {
+        /// Object bytes asked for.
+        start: u64,
+        /// End of the object bytes asked for.
+        end: u64,
+        /// The other region's object bytes.
+        other_start: u64,
+        /// End of the other region's object bytes.
+        other_end: u64,
+    },
     /// A system call failed.
     #[error("{0}")]
     Sys(#[from] SysError),
+}
+
+/// One region's use of a named object (a file): `(region id, object,
+/// byte range, writable)`; see [`MapError::Overlaps`].
+#[derive(Debug, Clone, Copy)]
+struct ObjectUse {
+    region: u64,
+    object: u64,
+    start: u64,
+    end: u64,
+    writable: bool,
 }
 
 /// A bad address passed to an API call.
@@ -130,6 +160,9 @@ pub(crate) struct Core {
     /// must do nothing but forget it ([`Core::in_owner`]).
     pid: u32,
     errors: Mutex<VecDeque<FaultError>>,
+    /// The object ranges mapped by live regions (a leaf lock, taken at map
+    /// and teardown).
+    objects: Mutex<Vec<ObjectUse>>,
     next_id: AtomicU64,
     /// Events handed off by a worker about to block; see `fault::service`.
     pub(crate) deferred: Mutex<VecDeque<faultline_sys::uffd::Event>>,
@@ -275,6 +308,36 @@ impl Core {
             Stats::bump(&self.stats.prezeroed_made);
             self.reserve.lock().push(f);
         }
+    }
+
+    /// Records that region `id` maps `len` bytes of `store`'s object, if it
+    /// names one; refuses an overlap with another region's range of the same
+    /// object when either may write. Returns whether a use was recorded.
+    fn claim_object(&self, id: u64, store: &dyn Store, len: usize) -> Result<bool, MapError> {
+        let Some((object, start)) = store.identity() else {
+            return Ok(false);
+        };
+        let end = start.saturating_add(len as u64);
+        let writable = store.writable();
+        let mut uses = self.objects.lock();
+        if let Some(u) = uses.iter().find(|u| {
+            u.object == object && u.start < end && start < u.end && (u.writable || writable)
+        }) {
+            return Err(MapError::Overlaps {
+                start,
+                end,
+                other_start: u.start,
+                other_end: u.end,
+            });
+        }
+        uses.push(ObjectUse {
+            region: id,
+            object,
+            start,
+            end,
+            writable,
+        });
+        Ok(true)
     }
 
     /// Whether this is the process that built the manager (not a child of
@@ -439,6 +502,7 @@ impl ManagerBuilder {
             pid: faultline_sys::host::process_id(),
             table: RegionTable::new(config.lookup_cache),
             errors: Mutex::new(VecDeque::new()),
+            objects: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             deferred: Mutex::new(VecDeque::new()),
             deferred_fd: EventFd::new()?,
@@ -546,6 +610,24 @@ impl Manager {
         if page == PageSize::Huge2M && !self.core().pool.thp() {
             return Err(MapError::NoHugePages);
         }
+        let core = self.core();
+        let id = core.next_id.fetch_add(1, Ordering::Relaxed);
+        let claim = core.claim_object(id, store.as_ref(), len)?;
+        let mapped = self.map_range(id, len, store, page);
+        if mapped.is_err() && claim {
+            core.objects.lock().retain(|u| u.region != id);
+        }
+        mapped
+    }
+
+    /// Maps, registers and publishes region `id` (see [`Manager::map`]).
+    fn map_range(
+        &self,
+        id: u64,
+        len: usize,
+        store: Arc<dyn Store>,
+        page: PageSize,
+    ) -> Result<Region, MapError> {
         let map = Mapping::anonymous(len, page.bytes())?;
         map.advise(map.addr(), len, Advice::NoHugePage)?;
         map.advise(map.addr(), len, Advice::DontFork)?;
@@ -558,7 +640,6 @@ impl Manager {
                 wp: false,
             },
         )?;
-        let id = core.next_id.fetch_add(1, Ordering::Relaxed);
         // The lock window: pages that share a fault lock. Zero-filled 4 KiB
         // regions: the fault-around window (one lock per window mapped at
         // once). 4 KiB regions over a named object (a file): the largest
@@ -986,6 +1067,7 @@ impl Region {
             }
         }
         core.table.remove(r.id);
+        core.objects.lock().retain(|u| u.region != r.id);
         r.set_dying();
         if let Err(e) = core.uffd.unregister(r.start(), r.map.len()) {
             core.record(FaultError::Move {

@@ -177,3 +177,42 @@ fn prefetch_maps_a_range_without_faults() {
     drop(r);
     let _ = std::fs::remove_file(&path);
 }
+
+/// Finding 6 of the data-loss issue: two regions over one file range were
+/// separate copies, and the second region's flush overwrote what the first
+/// wrote. Now the second map of an overlapping range is refused when either
+/// region may write; read-only views and disjoint ranges are fine, and the
+/// range is free again once the first region is gone.
+#[test]
+fn two_writable_regions_over_one_file_range_are_refused() {
+    let data = pattern(4 * MIB, 3);
+    let (_dir, path) = scratch("overlap", &data);
+    let mm = manager();
+    let open = |offset: u64, writable: bool| File::open(&path, offset, writable).expect("open");
+    let first = mm
+        .map(2 * MIB, open(0, true), MapOptions::new())
+        .expect("map");
+    let err = mm
+        .map(2 * MIB, open(MIB as u64, true), MapOptions::new())
+        .expect_err("overlapping writable range");
+    assert!(
+        matches!(err, faultline::MapError::Overlaps { start, other_start: 0, .. } if start == MIB as u64),
+        "{err}"
+    );
+    let err = mm
+        .map(MIB, open(0, false), MapOptions::new())
+        .expect_err("a read-only view of a range another region writes");
+    assert!(matches!(err, faultline::MapError::Overlaps { .. }), "{err}");
+    // Disjoint: fine. Two read-only views of one range: fine.
+    let _disjoint = mm
+        .map(2 * MIB, open(2 * MIB as u64, false), MapOptions::new())
+        .expect("disjoint range");
+    let _also = mm
+        .map(MIB, open(2 * MIB as u64, false), MapOptions::new())
+        .expect("two read-only views");
+    drop(first);
+    let again = mm
+        .map(2 * MIB, open(0, true), MapOptions::new())
+        .expect("the range is free once the first region is gone");
+    assert_eq!(again.as_slice()[MIB], data[MIB]);
+}
