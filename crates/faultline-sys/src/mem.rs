@@ -59,6 +59,9 @@ pub struct Mapping {
     addr: NonNull<u8>,
     len: usize,
     pid: u32,
+    /// Sub-ranges the program unmapped itself ([`Mapping::mark_gone`]):
+    /// they may hold someone else's mapping now, and are never unmapped.
+    gone: std::sync::Mutex<Vec<(usize, usize)>>,
 }
 
 // SAFETY: a Mapping is an address range plus the duty to unmap it; it holds no
@@ -135,6 +138,7 @@ impl Mapping {
             addr,
             len,
             pid: crate::host::process_id(),
+            gone: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -166,6 +170,7 @@ impl Mapping {
             addr,
             len,
             pid: crate::host::process_id(),
+            gone: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -189,8 +194,49 @@ impl Mapping {
                 addr,
                 len: piece,
                 pid: self_pid,
+                gone: std::sync::Mutex::new(Vec::new()),
             })
             .collect())
+    }
+
+    /// Records that the program unmapped `[start, end)` (clipped to the
+    /// mapping): it is no longer this mapping's, and dropping the mapping
+    /// leaves it alone.
+    pub fn mark_gone(&self, start: usize, end: usize) {
+        let (s, e) = (start.max(self.addr()), end.min(self.addr() + self.len));
+        if s < e {
+            let mut g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+            g.push((s, e));
+            g.sort_unstable();
+        }
+    }
+
+    /// The sub-ranges still this mapping's (all of it unless the program
+    /// unmapped parts), in address order.
+    pub fn live_ranges(&self) -> Vec<(usize, usize)> {
+        let g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        let mut at = self.addr();
+        for &(s, e) in g.iter() {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        let end = self.addr() + self.len;
+        if at < end {
+            out.push((at, end));
+        }
+        out
+    }
+
+    /// Whether the program unmapped any part.
+    pub fn has_gone(&self) -> bool {
+        !self
+            .gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// First byte of the mapping.
@@ -339,10 +385,13 @@ impl Drop for Mapping {
             // A child of fork(): the range is not ours to unmap.
             return;
         }
-        // SAFETY: we own [addr, addr+len) and unmap it exactly once; the
-        // owner guarantees nothing references it any more.
-        unsafe {
-            libc::munmap(self.addr.as_ptr().cast(), self.len);
+        for (s, e) in self.live_ranges() {
+            // SAFETY: we own [s, e) (a part of the mapping the program did
+            // not unmap itself) and unmap it exactly once; the owner
+            // guarantees nothing references it any more.
+            unsafe {
+                libc::munmap(s as *mut libc::c_void, e - s);
+            }
         }
     }
 }

@@ -46,6 +46,7 @@ pub mod raw {
     pub const UFFDIO_API: u64 = ioc(RW, 0x3F, std::mem::size_of::<UffdioApi>());
 
     pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+    pub const UFFD_EVENT_UNMAP: u8 = 0x16;
 
     pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
     pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
@@ -166,6 +167,10 @@ impl Features {
     pub const WP_ASYNC: Features = Features(1 << 15);
     /// `UFFD_FEATURE_MOVE`: `UFFDIO_MOVE` (Linux 6.8).
     pub const MOVE: Features = Features(1 << 16);
+    /// `UFFD_EVENT_UNMAP`: an unmap of a registered range (`munmap`, `mremap`
+    /// away, `mmap(MAP_FIXED)` over it) is reported, and the unmapping
+    /// thread waits until the event is read.
+    pub const EVENT_UNMAP: Features = Features(1 << 6);
 
     const NAMES: [(u64, &'static str); 17] = [
         (1 << 0, "PAGEFAULT_FLAG_WP"),
@@ -285,6 +290,13 @@ pub enum Event {
         /// Faulting thread id, with `THREAD_ID`; 0 otherwise.
         tid: u32,
     },
+    /// `[start, end)` was unmapped by the program (with `EVENT_UNMAP`).
+    Unmap {
+        /// First byte.
+        start: usize,
+        /// One past the last byte.
+        end: usize,
+    },
     /// Any other event (only arrives if such a feature was requested).
     Other(u8),
 }
@@ -298,6 +310,13 @@ impl Event {
                 wp: m.flags & raw::UFFD_PAGEFAULT_FLAG_WP != 0,
                 minor: m.flags & raw::UFFD_PAGEFAULT_FLAG_MINOR != 0,
                 tid: m.ptid,
+            }
+        } else if m.event == raw::UFFD_EVENT_UNMAP {
+            // `arg.remove` {start, end} sits where a page fault's flags and
+            // address do.
+            Event::Unmap {
+                start: m.flags as usize,
+                end: m.address as usize,
             }
         } else {
             Event::Other(m.event)

@@ -163,9 +163,14 @@ pub(crate) struct Core {
     /// The object ranges mapped by live regions (a leaf lock, taken at map
     /// and teardown).
     objects: Mutex<Vec<ObjectUse>>,
+    /// Unmap events read but not yet handled (see [`Core::await_unmaps`]).
+    unmaps_pending: std::sync::atomic::AtomicUsize,
+    /// Threads inside [`Core::read_events`] (their unmap events are not
+    /// counted in `unmaps_pending` yet).
+    readers: std::sync::atomic::AtomicUsize,
     next_id: AtomicU64,
     /// Events handed off by a worker about to block; see `fault::service`.
-    pub(crate) deferred: Mutex<VecDeque<faultline_sys::uffd::Event>>,
+    pub(crate) deferred: Mutex<VecDeque<service::Queued>>,
     /// Signalled when `deferred` gets events.
     pub(crate) deferred_fd: EventFd,
     /// Kernel thread ids of the workers (a fault from one is a bug).
@@ -340,6 +345,82 @@ impl Core {
         Ok(true)
     }
 
+    /// Reads pending userfaultfd events into the deferred queue for the
+    /// workers. Called by a thread waiting for a move the kernel refuses
+    /// with `EAGAIN`: while a `UFFD_EVENT_UNMAP` is unread, the kernel
+    /// refuses every move (`mmap_changing`), and the workers that would read
+    /// it may be waiting for a lock this thread holds.
+    pub(crate) fn pump_events(&self) {
+        let mut evs = Vec::new();
+        if let Ok((n, stamp)) = self.read_events(&mut evs, 64) {
+            if n == 0 {
+                return;
+            }
+            self.deferred
+                .lock()
+                .extend(evs.into_iter().map(|ev| (ev, stamp)));
+            if let Err(e) = self.deferred_fd.signal() {
+                self.record(FaultError::Events(e));
+            }
+        }
+    }
+
+    /// Reads up to `max` pending userfaultfd events (without blocking) into
+    /// `out`; returns how many, and the stamp for them: the next region id
+    /// *before* the read ([`Core::region_stamp`]). A thread that unmapped
+    /// part of a region is released only once its event is read, so every
+    /// region it maps afterwards has an id at or above the stamp. Unmap
+    /// events read are counted pending until handled.
+    pub(crate) fn read_events(
+        &self,
+        out: &mut Vec<faultline_sys::uffd::Event>,
+        max: usize,
+    ) -> Result<(usize, u64), SysError> {
+        let stamp = self.region_stamp();
+        // AcqRel: pairs with the Acquire loads in `await_unmaps`.
+        self.readers.fetch_add(1, Ordering::AcqRel);
+        let before = out.len();
+        let r = self.uffd.read_events(out, max);
+        let unmaps = out[before..]
+            .iter()
+            .filter(|e| matches!(e, faultline_sys::uffd::Event::Unmap { .. }))
+            .count();
+        if unmaps > 0 {
+            self.unmaps_pending.fetch_add(unmaps, Ordering::AcqRel);
+        }
+        self.readers.fetch_sub(1, Ordering::AcqRel);
+        r.map(|n| (n, stamp))
+    }
+
+    /// Marks one unmap event handled. Release pairs with the Acquire load in
+    /// [`Core::await_unmaps`]: the region's gone ranges are recorded first.
+    pub(crate) fn unmap_handled(&self) {
+        self.unmaps_pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Before a region is torn down: reads pending events and waits (up to
+    /// 5 s) until every unmap event read so far is handled, so the region
+    /// knows every range the program unmapped before dropping it (a
+    /// program that unmaps part of a region and then drops it has been
+    /// released from `munmap` only once the event was read, not handled).
+    pub(crate) fn await_unmaps(&self) {
+        self.pump_events();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (self.readers.load(Ordering::Acquire) > 0
+            || self.unmaps_pending.load(Ordering::Acquire) > 0)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// The id the next region will get. Read just before events are read:
+    /// a region with this id or higher was mapped after the events' unmaps. Acquire pairs
+    /// with the increment in `map_shared` (AcqRel).
+    pub(crate) fn region_stamp(&self) -> u64 {
+        self.next_id.load(Ordering::Acquire)
+    }
+
     /// Whether this is the process that built the manager (not a child of
     /// `fork()`); see `pid`.
     pub(crate) fn in_owner(&self) -> bool {
@@ -451,7 +532,12 @@ impl ManagerBuilder {
     pub fn build(self) -> Result<Manager, BuildError> {
         let config = self.config;
         config.validate()?;
-        let uffd = Uffd::open(Features::MOVE.with(Features::POISON), Features::THREAD_ID)?;
+        let uffd = Uffd::open(
+            Features::MOVE
+                .with(Features::POISON)
+                .with(Features::EVENT_UNMAP),
+            Features::THREAD_ID,
+        )?;
         // Pool 0 (the budget), its small-page zone first if any (so that the
         // THP zone's 2 MiB blocks keep the high addresses), then the others.
         let huge_unit = faultline_sys::HUGE_PAGE_SIZE;
@@ -503,6 +589,8 @@ impl ManagerBuilder {
             table: RegionTable::new(config.lookup_cache),
             errors: Mutex::new(VecDeque::new()),
             objects: Mutex::new(Vec::new()),
+            unmaps_pending: std::sync::atomic::AtomicUsize::new(0),
+            readers: std::sync::atomic::AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             deferred: Mutex::new(VecDeque::new()),
             deferred_fd: EventFd::new()?,
@@ -611,13 +699,41 @@ impl Manager {
             return Err(MapError::NoHugePages);
         }
         let core = self.core();
-        let id = core.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = core.next_id.fetch_add(1, Ordering::AcqRel);
         let claim = core.claim_object(id, store.as_ref(), len)?;
         let mapped = self.map_range(id, len, store, page);
         if mapped.is_err() && claim {
             core.objects.lock().retain(|u| u.region != id);
         }
         mapped
+    }
+
+    /// An anonymous mapping for a new region. Once the program has unmapped
+    /// part of a region, the kernel may place a new mapping in that hole,
+    /// inside the old region's range (even before faultline has read the
+    /// unmap event): such a mapping is held aside (so the kernel picks
+    /// another place) and a new one made, a few times.
+    fn fresh_mapping(&self, len: usize, page: PageSize) -> Result<Mapping, MapError> {
+        let core = self.core();
+        let mut aside = Vec::new();
+        loop {
+            let map = Mapping::anonymous(len, page.bytes())?;
+            let (s, e) = (map.addr(), map.addr() + len);
+            let clash = core.table.overlaps(s, e);
+            if !clash || aside.len() >= 16 {
+                return if clash {
+                    Err(MapError::Sys(SysError {
+                        op: "mmap",
+                        addr: s,
+                        len,
+                        errno: libc::ENOMEM,
+                    }))
+                } else {
+                    Ok(map)
+                };
+            }
+            aside.push(map);
+        }
     }
 
     /// Maps, registers and publishes region `id` (see [`Manager::map`]).
@@ -628,7 +744,7 @@ impl Manager {
         store: Arc<dyn Store>,
         page: PageSize,
     ) -> Result<Region, MapError> {
-        let map = Mapping::anonymous(len, page.bytes())?;
+        let map = self.fresh_mapping(len, page)?;
         map.advise(map.addr(), len, Advice::NoHugePage)?;
         map.advise(map.addr(), len, Advice::DontFork)?;
         let core = self.core();
@@ -943,7 +1059,7 @@ impl Region {
             PageState::Resident(f) | PageState::Parked(f) => {
                 Some(self.service.core.alloc.pool_of(f))
             }
-            PageState::Absent | PageState::Poisoned => None,
+            PageState::Absent | PageState::Poisoned | PageState::Gone => None,
         }
     }
 
@@ -986,13 +1102,16 @@ impl Region {
         let core = &self.service.core;
         let mut first_err = None;
         for page in 0..r.pages() {
-            if matches!(r.state(page), PageState::Absent | PageState::Poisoned) {
+            if matches!(
+                r.state(page),
+                PageState::Absent | PageState::Poisoned | PageState::Gone
+            ) {
                 continue;
             }
             let (domain, key) = r.lock_key(page);
             let _g = core.locks.lock(domain, key);
             let (f, resident) = match r.state(page) {
-                PageState::Absent | PageState::Poisoned => continue,
+                PageState::Absent | PageState::Poisoned | PageState::Gone => continue,
                 PageState::Resident(f) => (f, true),
                 PageState::Parked(f) => (f, false),
             };
@@ -1066,14 +1185,19 @@ impl Region {
                 });
             }
         }
+        core.await_unmaps();
         core.table.remove(r.id);
         core.objects.lock().retain(|u| u.region != r.id);
         r.set_dying();
-        if let Err(e) = core.uffd.unregister(r.start(), r.map.len()) {
-            core.record(FaultError::Move {
-                addr: r.start(),
-                source: e,
-            });
+        // Only the parts still ours: a part the program unmapped may hold
+        // someone else's mapping now.
+        for (s, e) in r.map.live_ranges() {
+            if let Err(err) = core.uffd.unregister(s, e - s) {
+                core.record(FaultError::Move {
+                    addr: s,
+                    source: err,
+                });
+            }
         }
         let order = r.page_size.order();
         let unit = r.page_size.bytes();
@@ -1114,7 +1238,7 @@ impl Region {
                         p += 1;
                         continue;
                     }
-                    PageState::Absent | PageState::Poisoned => {
+                    PageState::Absent | PageState::Poisoned | PageState::Gone => {
                         p += 1;
                         continue;
                     }
@@ -1168,7 +1292,7 @@ impl Region {
                 source: e.into_sys(page_addr, frame.bytes()),
             });
         }
-        if let Err(e) = core.pool.repopulate(frame) {
+        if let Err(e) = pagemove::fill_holes(core, slot, frame.bytes()) {
             core.record(FaultError::Move {
                 addr: slot,
                 source: e,

@@ -710,7 +710,7 @@ pub(crate) fn collapse(
                 old: f,
                 resident: false,
             }),
-            PageState::Absent | PageState::Poisoned => {
+            PageState::Absent | PageState::Poisoned | PageState::Gone => {
                 return Err(MigrateError::NotResident {
                     addr: r.page_addr(page),
                 })

@@ -39,7 +39,7 @@ use crate::manager::Core;
 use crate::region::RegionInner;
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
-use faultline_sys::{SysError, PAGE_SIZE};
+use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
 /// How long a move keeps retrying pages the kernel refuses for the moment
@@ -303,6 +303,7 @@ unsafe fn settle(
             return Err(MoveError::Refused(last));
         }
         Stats::bump(&core.stats.move_retries);
+        core.pump_events();
         backoff(round);
         round += 1;
         // SAFETY: the caller's contract; the runs are at the source only.
@@ -361,6 +362,57 @@ fn backoff(round: u32) {
     }
 }
 
+/// A zeroed, page-aligned page: the source of [`fill_holes`].
+#[repr(C, align(4096))]
+struct ZeroPage([u8; PAGE_SIZE]);
+static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
+
+/// Gives every hole in the pool slots `[addr, addr + len)` a fresh zeroed
+/// page; pages already there are left alone. A whole 2 MiB block (one
+/// frame's) is populated at once; anything smaller goes page by page with
+/// `UFFDIO_COPY` of a zero page, never by a fault: in an empty block of the
+/// `MADV_HUGEPAGE` pool a fault would populate the whole block with a THP —
+/// the slots of other frames too, while their pages are mapped in regions
+/// (a found bug: every later move of those pages back out failed with
+/// `EEXIST`).
+pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), SysError> {
+    if len % HUGE_PAGE_SIZE == 0 && addr % HUGE_PAGE_SIZE == 0 {
+        for block in (addr..addr + len).step_by(HUGE_PAGE_SIZE) {
+            core.pool.populate_block(block)?;
+        }
+        return Ok(());
+    }
+    let zero = ZERO_PAGE.0.as_ptr() as usize;
+    for page in (addr..addr + len).step_by(PAGE_SIZE) {
+        let mut round = 0;
+        loop {
+            // SAFETY: `page` is a pool slot of a frame the caller owns (in
+            // flight, or under its page's lock); UFFDIO_COPY fills it only
+            // if it is a hole. The source is a static zeroed page.
+            match unsafe { core.uffd.copy(page, zero, PAGE_SIZE, true) } {
+                Ok(Resolved::Done | Resolved::Exists { .. }) => break,
+                Ok(_) if round < 1000 => {
+                    // EAGAIN: the address space is changing (an unmap
+                    // event not yet read).
+                    core.pump_events();
+                    backoff(round);
+                    round += 1;
+                }
+                Ok(_) => {
+                    return Err(SysError {
+                        op: "UFFDIO_COPY",
+                        addr: page,
+                        len: PAGE_SIZE,
+                        errno: libc::EAGAIN,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether no page of `[addr, addr + len)` holds data (mapped, swapped or
 /// migrating).
 pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
@@ -406,7 +458,7 @@ pub(crate) fn recollect(
     }
     // Fresh zeroed pages in the holes (populating touches no present page),
     // then the store's bytes over them where the store has any.
-    core.pool.populate_range(slot, len).map_err(err)?;
+    fill_holes(core, slot, len).map_err(err)?;
     if !r.store.is_zero() {
         let mut buf = vec![0u8; len];
         r.store

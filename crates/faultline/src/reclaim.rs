@@ -232,7 +232,7 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
             Stats::bump(&core.stats.evicted);
             len / PAGE_SIZE
         }
-        PageState::Absent | PageState::Poisoned => 0,
+        PageState::Absent | PageState::Poisoned | PageState::Gone => 0,
     }
 }
 

@@ -48,6 +48,7 @@ pub struct Stats {
     pub(crate) migrated_pages: AtomicU64,
     pub(crate) collapses: AtomicU64,
     pub(crate) migrate_left_parked: AtomicU64,
+    pub(crate) unmapped_by_program: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
@@ -90,6 +91,7 @@ impl Stats {
             migrated_pages: AtomicU64::new(0),
             collapses: AtomicU64::new(0),
             migrate_left_parked: AtomicU64::new(0),
+            unmapped_by_program: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
             hist: (0..workers.max(1))
@@ -147,6 +149,7 @@ impl Stats {
             migrated_pages: r(&self.migrated_pages),
             collapses: r(&self.collapses),
             migrate_left_parked: r(&self.migrate_left_parked),
+            unmapped_by_program: r(&self.unmapped_by_program),
             copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
             frames_prezeroed: 0,
@@ -256,6 +259,9 @@ pub struct StatsSnapshot {
     /// Migrated pages left parked in their new frame because the kernel kept
     /// refusing the move in (the next touch maps them).
     pub migrate_left_parked: u64,
+    /// Pages whose frames faultline gave up because the program unmapped
+    /// them itself (`munmap`, `mremap` away; `UFFD_EVENT_UNMAP`).
+    pub unmapped_by_program: u64,
     /// Migration copy chunks done by idle fault workers.
     pub copy_chunks_helped: u64,
     /// Fault lock statistics (lockstat), summed over the table.

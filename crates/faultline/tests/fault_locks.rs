@@ -50,6 +50,11 @@ impl Store for Counting {
         "counting"
     }
 
+    // Read-only: two regions over one object range may share it only so.
+    fn writable(&self) -> bool {
+        false
+    }
+
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         {
             let mut f = self.in_flight.lock().expect("lock");

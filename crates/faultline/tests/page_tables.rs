@@ -141,3 +141,172 @@ fn swapped_out_dirty_pages_are_written_back() {
     }
     assert!(mm.take_error().is_none());
 }
+
+/// Maps `len` bytes of fresh anonymous memory at exactly `addr` over
+/// whatever is there (`MAP_FIXED`: the kernel unmaps the old pages in the
+/// same call) and fills it with `byte`.
+fn map_fixed(addr: usize, len: usize, byte: u8) {
+    // SAFETY: replaces a range the caller owns (part of its own region,
+    // with no reference into it held) with a new anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(
+        p as usize,
+        addr,
+        "mmap: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping just made.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), byte, len) };
+}
+
+/// Finding 5 of the data-loss issue: the program munmaps part of a region
+/// and maps something else there; dropping the `Region` later moved pages
+/// out of the new mapping and unmapped it. Now faultline hears of the unmap
+/// (`UFFD_EVENT_UNMAP`), gives those pages' frames up, and never touches the
+/// range again; the rest of the region keeps working.
+#[test]
+fn a_range_the_program_unmapped_and_reused_is_left_alone() {
+    let mm = manager(8 * MIB);
+    let mut r = mm.map(16 * PAGE, Zero, MapOptions::new()).expect("map");
+    r.as_mut_slice().fill(7);
+    // The program maps something of its own over four of the region's
+    // pages (an unmap and a map in one call; munmap then mmap is the same
+    // to faultline, but racy in a test binary whose tests share the
+    // address space).
+    let hole = r.addr() + 4 * PAGE;
+    map_fixed(hole, 4 * PAGE, 0x5A);
+    // The rest of the region still reads its data.
+    assert!(r.as_slice()[..4 * PAGE].iter().all(|&b| b == 7));
+    assert!(r.as_slice()[8 * PAGE..].iter().all(|&b| b == 7));
+    let st = settled(&mm);
+    assert_eq!(st.unmapped_by_program, 4, "{st}");
+    drop(r);
+    // SAFETY: the program's own mapping, still there.
+    let kept = unsafe { std::slice::from_raw_parts(hole as *const u8, 4 * PAGE) };
+    assert!(
+        kept.iter().all(|&b| b == 0x5A),
+        "the new mapping was changed"
+    );
+    // SAFETY: ours to unmap.
+    unsafe { libc::munmap(hole as *mut libc::c_void, 4 * PAGE) };
+    assert!(mm.take_error().is_none());
+    let st = mm.stats();
+    assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
+}
+
+/// `mremap` moves region pages to an address of the program's: the data
+/// goes with them (it is the program's now), faultline gives the frames up,
+/// and a region mapped afterwards is never placed in the hole.
+#[test]
+fn pages_moved_away_with_mremap_keep_their_data() {
+    let mm = manager(8 * MIB);
+    let mut r = mm
+        .map(
+            2 * HUGE,
+            Zero,
+            MapOptions::new().page_size(PageSize::Huge2M),
+        )
+        .expect("map");
+    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+        *b = (i / PAGE) as u8 | 1;
+    }
+    // A place of our own to move the second 2 MiB page to (MREMAP_FIXED
+    // replaces what is there: it must be ours).
+    // SAFETY: a fresh anonymous reservation.
+    let to = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            HUGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as usize;
+    assert_ne!(to, libc::MAP_FAILED as usize);
+    let from = r.addr() + HUGE;
+    // SAFETY: the region's second page, no reference into it held.
+    let p = unsafe {
+        libc::mremap(
+            from as *mut libc::c_void,
+            HUGE,
+            HUGE,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    assert_eq!(
+        p as usize,
+        to,
+        "mremap: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the program's mapping now.
+    let moved = unsafe { std::slice::from_raw_parts(to as *const u8, HUGE) };
+    for (i, &b) in moved.iter().enumerate() {
+        assert_eq!(b, ((HUGE + i) / PAGE) as u8 | 1, "moved byte {i}");
+    }
+    assert!(r.as_slice()[..HUGE]
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == (i / PAGE) as u8 | 1));
+    // A new region lands anywhere but in the hole.
+    let other = mm.map(HUGE, Zero, MapOptions::new()).expect("map");
+    assert!(other.addr() + HUGE <= r.addr() || other.addr() >= r.addr() + r.len());
+    other.as_slice().iter().for_each(|&b| assert_eq!(b, 0));
+    drop(other);
+    drop(r);
+    for (i, &b) in moved.iter().enumerate() {
+        assert_eq!(
+            b,
+            ((HUGE + i) / PAGE) as u8 | 1,
+            "moved byte {i} after drop"
+        );
+    }
+    // SAFETY: ours to unmap.
+    unsafe { libc::munmap(to as *mut libc::c_void, HUGE) };
+    assert!(mm.take_error().is_none());
+    let st = mm.stats();
+    assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
+}
+
+/// A 4 KiB page dropped from a collapsed block (one 2 MiB frame, its pool
+/// block left empty by the PMD move) is refilled without populating the
+/// rest of the block: a fault there would have put a THP over the slots of
+/// the 511 pages still mapped, and every later move of them back out failed
+/// with `EEXIST` (found by the stress test's dropper beside collapse).
+#[test]
+fn a_page_dropped_from_a_collapsed_block_refills_alone() {
+    let mm = manager(16 * MIB);
+    let mut r = mm.map(HUGE, Zero, MapOptions::new()).expect("map");
+    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
+        *b = (i / PAGE) as u8 | 1;
+    }
+    let rep = r.collapse(0..HUGE).expect("collapse");
+    assert_eq!(rep.pages, 512);
+    drop_page(r.addr() + 9 * PAGE);
+    assert_eq!(r.as_slice()[9 * PAGE], 0, "the dropped page reads zeros");
+    // Every other page moves out and back in again: a second collapse.
+    r.collapse(0..HUGE).expect("collapse after the drop");
+    for (i, &b) in r.as_slice().iter().enumerate() {
+        let want = if i / PAGE == 9 {
+            0
+        } else {
+            (i / PAGE) as u8 | 1
+        };
+        assert_eq!(b, want, "byte {i}");
+    }
+    assert!(mm.take_error().is_none());
+    drop(r);
+    let st = mm.stats();
+    assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
+}

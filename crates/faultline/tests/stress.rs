@@ -161,12 +161,21 @@ fn stress_checksum_oracle() {
                 for r in [&shared_4k, &shared_2m] {
                     match r.migrate(0..r.len(), to) {
                         Ok(_) | Err(MigrateError::PoolFull { .. }) => {}
-                        Err(e) => panic!("migrate: {e}"),
+                        Err(e) => {
+                            let queued: Vec<String> =
+                                std::iter::from_fn(|| mm.take_error().map(|e| e.to_string()))
+                                    .collect();
+                            panic!("migrate: {e}; queued errors: {queued:?}")
+                        }
                     }
                 }
                 match shared_4k.collapse(0..shared_4k.len()) {
                     Ok(_) | Err(MigrateError::NotResident { .. }) => {}
-                    Err(e) => panic!("collapse: {e}"),
+                    Err(e) => {
+                        let queued: Vec<String> =
+                            std::iter::from_fn(|| mm.take_error().map(|e| e.to_string())).collect();
+                        panic!("collapse: {e}; queued errors: {queued:?}")
+                    }
                 }
                 to = 1 - to;
                 migrations.fetch_add(1, Ordering::Relaxed);
@@ -233,11 +242,26 @@ fn stress_checksum_oracle() {
                                 words[w] = value(t, round, w);
                             }
                         }
-                        let bytes = r.as_slice();
+                        // Now and then the program unmaps the region's
+                        // second half itself before dropping it
+                        // (UFFD_EVENT_UNMAP while everything else runs).
+                        let keep = if next() % 4 == 0 {
+                            let half = r.len() / 2;
+                            // SAFETY: the second half of this thread's own
+                            // region; only its first half is read below.
+                            let rc = unsafe {
+                                libc::munmap((r.addr() + half) as *mut libc::c_void, half)
+                            };
+                            assert_eq!(rc, 0, "munmap: {}", std::io::Error::last_os_error());
+                            pages / 2
+                        } else {
+                            pages
+                        };
+                        let bytes = &r.as_slice()[..keep * size.bytes()];
                         // SAFETY: as above.
                         let (_, words, _) = unsafe { bytes.align_to::<u64>() };
                         let per_page = size.bytes() / 8;
-                        for (p, &was) in touched.iter().enumerate() {
+                        for (p, &was) in touched.iter().enumerate().take(keep) {
                             for (i, &v) in
                                 words[p * per_page..(p + 1) * per_page].iter().enumerate()
                             {

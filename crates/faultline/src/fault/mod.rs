@@ -7,6 +7,7 @@
 
 pub mod locks;
 pub mod service;
+pub(crate) mod unmap;
 
 use crate::store::StoreError;
 use faultline_sys::SysError;

@@ -44,6 +44,11 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// An event as read, with [`Core::region_stamp`] at the time it was read:
+/// regions with that id or a higher one were mapped after the event was
+/// read (an unmap event concerns none of them).
+pub(crate) type Queued = (Event, u64);
+
 /// What happened to one fault event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolution {
@@ -82,7 +87,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
         }
     };
     let mut read = Vec::with_capacity(batch);
-    let mut events: VecDeque<Event> = VecDeque::with_capacity(batch);
+    let mut events: VecDeque<Queued> = VecDeque::with_capacity(batch);
     let mut last_event = Instant::now();
     loop {
         // Deferred events first: they have waited longest.
@@ -93,8 +98,8 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
             continue;
         }
         read.clear();
-        match core.uffd.read_events(&mut read, batch) {
-            Ok(0) => {
+        match core.read_events(&mut read, batch) {
+            Ok((0, _)) => {
                 // Idle: take a piece of an offered migration copy, then look
                 // at the userfaultfd again before the next one.
                 if crate::migrate::help(&core, worker) {
@@ -116,8 +121,8 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
                     }
                 }
             }
-            Ok(_) => {
-                events.extend(read.drain(..));
+            Ok((_, stamp)) => {
+                events.extend(read.drain(..).map(|ev| (ev, stamp)));
                 while let Some(ev) = events.pop_front() {
                     handle(&core, worker, ev, &mut events);
                 }
@@ -133,7 +138,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
 
 /// Hands `rest` (events this worker read but has not handled) to the other
 /// workers, before this one does something that may block.
-fn defer(core: &Core, rest: &mut VecDeque<Event>) {
+fn defer(core: &Core, rest: &mut VecDeque<Queued>) {
     if rest.is_empty() {
         return;
     }
@@ -149,11 +154,17 @@ fn defer(core: &Core, rest: &mut VecDeque<Event>) {
 pub(crate) fn handle(
     core: &Core,
     worker: usize,
-    ev: Event,
-    rest: &mut VecDeque<Event>,
+    (ev, stamp): Queued,
+    rest: &mut VecDeque<Queued>,
 ) -> Resolution {
-    let Event::PageFault { addr, tid, .. } = ev else {
-        return Resolution::Stray;
+    let (addr, tid) = match ev {
+        Event::PageFault { addr, tid, .. } => (addr, tid),
+        Event::Unmap { start, end } => {
+            super::unmap::unmapped(core, start, end, stamp);
+            core.unmap_handled();
+            return Resolution::Stray;
+        }
+        Event::Other(_) => return Resolution::Stray,
     };
     if tid != 0 && core.worker_tids.lock().contains(&tid) {
         // A worker touched region memory: a bug (or a store that reads a
@@ -236,6 +247,7 @@ fn resolve(
             return Resolution::AlreadyMapped;
         }
         PageState::Parked(f) => return unpark(core, region, page, f),
+        PageState::Gone => return gone(core, region, page, fault_addr),
         PageState::Resident(f) => {
             return match refault(core, region, page, fault_addr, f) {
                 Some(res) => res,
@@ -540,7 +552,7 @@ pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> R
         PageState::Absent | PageState::Parked(_) => {
             resolve(core, region, page, region.page_addr(page), 0)
         }
-        PageState::Resident(_) | PageState::Poisoned => Resolution::AlreadyMapped,
+        PageState::Resident(_) | PageState::Poisoned | PageState::Gone => Resolution::AlreadyMapped,
     }
 }
 
@@ -575,6 +587,32 @@ pub(crate) fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> 
             Resolution::AlreadyMapped
         }
     }
+}
+
+/// A fault on a page the program unmapped (part of) itself. On the part it
+/// unmapped, a fault reported before the unmap: wake (the thread retries and
+/// gets the kernel's answer, SIGSEGV). On what is left of a 2 MiB page: its
+/// frame is gone, so the 4 KiB page is poisoned (SIGBUS) with the cause.
+fn gone(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) -> Resolution {
+    let at = fault_addr & !(PAGE_SIZE - 1);
+    let live = region
+        .map
+        .live_ranges()
+        .iter()
+        .any(|&(s, e)| at >= s && at < e);
+    if !live {
+        let _ = core.uffd.wake(at, PAGE_SIZE);
+        return Resolution::Stray;
+    }
+    core.record(FaultError::Inconsistent {
+        addr: region.page_addr(page),
+        what: "the program unmapped part of this page (munmap/mremap); the rest of it is gone",
+    });
+    // SAFETY: `at` is a hole of a live part of a region we manage (its page
+    // gave up its frame when the program unmapped the rest).
+    let _ = unsafe { core.uffd.poison(at, PAGE_SIZE, false) };
+    Stats::bump(&core.stats.poisoned);
+    Resolution::Poisoned
 }
 
 fn no_frame(core: &Core, region: &RegionInner, page: usize) -> Resolution {

@@ -294,16 +294,14 @@ impl Pool {
         })
     }
 
-    /// Populates the holes of `[addr, addr + len)` (pool slots) with fresh
-    /// zeroed pages; pages already there are left as they are.
-    pub fn populate_range(&self, addr: usize, len: usize) -> Result<(), SysError> {
-        self.map.advise(addr, len, Advice::PopulateWrite)
-    }
-
-    /// Refills slot range of `frame` after its page went missing (a move
-    /// back found the region page gone): touches it so the kernel populates it.
-    pub fn repopulate(&self, frame: &Frame) -> Result<(), SysError> {
-        self.map
-            .advise(self.addr_of(frame), frame.bytes(), Advice::PopulateWrite)
+    /// Populates the holes of a whole 2 MiB block of slots at `addr`
+    /// (`MADV_POPULATE_WRITE`: one THP if the block is empty). Only for a
+    /// block one frame owns: a fault anywhere in an empty block of this
+    /// `MADV_HUGEPAGE` mapping populates all of it, including the slots of
+    /// other frames that are mapped in regions — use
+    /// [`crate::pagemove::fill_holes`] for anything smaller.
+    pub fn populate_block(&self, addr: usize) -> Result<(), SysError> {
+        debug_assert!(addr % HUGE_PAGE_SIZE == 0);
+        self.map.advise(addr, HUGE_PAGE_SIZE, Advice::PopulateWrite)
     }
 }

@@ -33,6 +33,7 @@ use std::sync::Arc;
 pub use table::RegionTable;
 
 const POISONED: u32 = u32::MAX;
+const GONE: u32 = u32::MAX - 1;
 const PARKED: u32 = 1 << 31;
 
 /// State of one page of a region.
@@ -47,6 +48,11 @@ pub enum PageState {
     /// Soft-unmapped by reclaim: the data is in this frame, in its pool slot;
     /// a touch moves it back (a minor fault) and marks it referenced.
     Parked(u32),
+    /// The program unmapped (part of) the page itself (`munmap`, `mremap`
+    /// away, `mmap(MAP_FIXED)` over it): faultline gave up its frame and
+    /// never touches the range again; a fault on what is left of it is
+    /// refused (SIGBUS).
+    Gone,
 }
 
 /// The shared part of a region: what the fault path needs.
@@ -155,6 +161,7 @@ impl RegionInner {
         match self.pages[page].load(Ordering::Acquire) {
             0 => PageState::Absent,
             POISONED => PageState::Poisoned,
+            GONE => PageState::Gone,
             f if f & PARKED != 0 => PageState::Parked((f & !PARKED) - 1),
             f => PageState::Resident(f - 1),
         }
@@ -165,6 +172,7 @@ impl RegionInner {
         let v = match state {
             PageState::Absent => 0,
             PageState::Poisoned => POISONED,
+            PageState::Gone => GONE,
             PageState::Resident(f) => f + 1,
             PageState::Parked(f) => (f + 1) | PARKED,
         };
@@ -178,7 +186,7 @@ impl RegionInner {
             .iter()
             .filter(|p| {
                 let v = p.load(Ordering::Acquire);
-                v != 0 && v != POISONED && v & PARKED == 0
+                v != 0 && v != POISONED && v != GONE && v & PARKED == 0
             })
             .count()
     }
@@ -187,7 +195,7 @@ impl RegionInner {
     pub fn holding_frames(&self) -> usize {
         self.pages
             .iter()
-            .filter(|p| !matches!(p.load(Ordering::Acquire), 0 | POISONED))
+            .filter(|p| !matches!(p.load(Ordering::Acquire), 0 | POISONED | GONE))
             .count()
     }
 

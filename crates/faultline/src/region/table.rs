@@ -357,6 +357,15 @@ impl RegionTable {
         removed
     }
 
+    /// Whether any region's range overlaps `[start, end)` (regions are
+    /// disjoint and sorted by start, so only the last one starting before
+    /// `end` can).
+    pub fn overlaps(&self, start: usize, end: usize) -> bool {
+        let snap = self.snap.load();
+        let i = snap.regions.partition_point(|r| r.start() < end);
+        i > 0 && snap.regions[i - 1].end() > start
+    }
+
     /// The regions, sorted by start (a copy of the current snapshot's list).
     pub fn regions(&self) -> Vec<Arc<RegionInner>> {
         self.snap.load().regions.clone()
