@@ -5,6 +5,7 @@
 mod bench;
 mod demo;
 mod report;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,9 @@ enum Cmd {
     /// Map a region larger than the touched set, touch it from 2 threads,
     /// print throughput and statistics.
     Demo(demo::DemoOpts),
+    /// A long data-integrity run: random page reads and writes over a file
+    /// 16x the budget, flushes, then every page checked after reopening.
+    Soak(soak::SoakOpts),
     /// Run an experiment (see BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
@@ -62,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Demo(opts) => demo::run(&opts),
+        Cmd::Soak(opts) => soak::run(&opts),
         Cmd::OocChild(a) => bench::out_of_core::child(&a),
         Cmd::Bench { which } => {
             let (report, json) = match which {

@@ -68,6 +68,61 @@ pub fn physical_memory() -> usize {
     usize::try_from(pages).unwrap_or(0) * usize::try_from(size).unwrap_or(0)
 }
 
+/// How much more memory this process may take before the kernel's limit
+/// for it (`(limit, what)`): the room left under its memory cgroup's limit
+/// (v1 `memory.limit_in_bytes - memory.usage_in_bytes`, v2 `memory.max -
+/// memory.current`) and the machine's `MemAvailable`, whichever is less.
+/// `None` if none of them can be read.
+pub fn memory_room() -> Option<(usize, &'static str)> {
+    let read_num = |p: &str| -> Option<usize> {
+        let s = std::fs::read_to_string(p).ok()?;
+        s.trim().parse::<usize>().ok()
+    };
+    let mut best: Option<(usize, &'static str)> = None;
+    let mut consider = |room: usize, what: &'static str| {
+        if best.is_none_or(|(b, _)| room < b) {
+            best = Some((room, what));
+        }
+    };
+    if let Ok(cg) = std::fs::read_to_string("/proc/self/cgroup") {
+        for line in cg.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, ctrl, path) = (parts.next(), parts.next(), parts.next());
+            let (Some(ctrl), Some(path)) = (ctrl, path) else {
+                continue;
+            };
+            if ctrl.split(',').any(|c| c == "memory") {
+                let dir = format!("/sys/fs/cgroup/memory{path}");
+                if let (Some(limit), Some(usage)) = (
+                    read_num(&format!("{dir}/memory.limit_in_bytes")),
+                    read_num(&format!("{dir}/memory.usage_in_bytes")),
+                ) {
+                    consider(limit.saturating_sub(usage), "the memory cgroup (v1) limit");
+                }
+            } else if ctrl.is_empty() {
+                let dir = format!("/sys/fs/cgroup{path}");
+                if let (Some(limit), Some(usage)) = (
+                    read_num(&format!("{dir}/memory.max")),
+                    read_num(&format!("{dir}/memory.current")),
+                ) {
+                    consider(limit.saturating_sub(usage), "the memory cgroup (v2) limit");
+                }
+            }
+        }
+    }
+    if let Ok(mi) = std::fs::read_to_string("/proc/meminfo") {
+        if let Some(kb) = mi
+            .lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            consider(kb.saturating_mul(1024), "available memory (MemAvailable)");
+        }
+    }
+    best
+}
+
 /// The base page size the kernel uses.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -278,6 +278,18 @@ pub enum ConfigError {
         /// Physical memory of the machine.
         physical: usize,
     },
+    /// The pools would not fit in the memory this process may still take:
+    /// populating them would get it OOM-killed (or push the machine into
+    /// swap) while the manager is built.
+    #[error("pools of {bytes} bytes exceed the {room} bytes left under {limit}")]
+    NoRoom {
+        /// Bytes of all pools.
+        bytes: usize,
+        /// Bytes the process may still take.
+        room: usize,
+        /// Which limit.
+        limit: &'static str,
+    },
     /// The budget is not a multiple of 2 MiB.
     #[error("budget of {budget} bytes is not a multiple of 2 MiB")]
     BudgetUnaligned {
@@ -365,6 +377,22 @@ impl Config {
             return Err(ConfigError::BudgetTooLarge {
                 budget: total,
                 physical,
+            });
+        }
+        if let Some((room, limit)) = faultline_sys::host::memory_room() {
+            if total > room {
+                return Err(ConfigError::NoRoom {
+                    bytes: total,
+                    room,
+                    limit,
+                });
+            }
+        }
+        if self.reclaim_low_pct > self.reclaim_high_pct || self.reclaim_high_pct > 100 {
+            return Err(ConfigError::OutOfRange {
+                field: "reclaim_low_pct",
+                value: self.reclaim_low_pct,
+                why: "at most reclaim_high_pct, which is at most 100",
             });
         }
         let online = faultline_sys::host::numa_nodes();

@@ -105,6 +105,15 @@ pub enum MapError {
         /// End of the other region's object bytes.
         other_end: u64,
     },
+    /// The store's offset plus the region's length does not fit in 64 bits
+    /// (it would wrap around to the object's first bytes).
+    #[error("store offset {offset} + region length {len} overflows")]
+    OffsetOverflow {
+        /// The store's offset in its object.
+        offset: u64,
+        /// The region's length.
+        len: usize,
+    },
     /// A system call failed.
     #[error("{0}")]
     Sys(#[from] SysError),
@@ -322,7 +331,9 @@ impl Core {
         let Some((object, start)) = store.identity() else {
             return Ok(false);
         };
-        let end = start.saturating_add(len as u64);
+        let Some(end) = start.checked_add(len as u64) else {
+            return Err(MapError::OffsetOverflow { offset: start, len });
+        };
         let writable = store.writable();
         let mut uses = self.objects.lock();
         if let Some(u) = uses.iter().find(|u| {
@@ -421,6 +432,13 @@ impl Core {
         self.next_id.load(Ordering::Acquire)
     }
 
+    /// Whether the manager is shutting down (set before the workers'
+    /// shutdown eventfd is signalled). Acquire pairs with the Release store
+    /// in `Service::drop`.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
     /// Whether this is the process that built the manager (not a child of
     /// `fork()`); see `pid`.
     pub(crate) fn in_owner(&self) -> bool {
@@ -434,6 +452,7 @@ impl Core {
         let mut q = self.errors.lock();
         if q.len() == ERROR_QUEUE {
             q.pop_front();
+            Stats::bump(&self.stats.errors_dropped);
         }
         q.push_back(e);
     }
@@ -467,10 +486,7 @@ impl Drop for Service {
         // Release pairs with the zeroing worker's Acquire load.
         self.core.stopping.store(true, Ordering::Release);
         self.core.reserve_cv.notify_all();
-        if self.shutdown.signal().is_ok() {
-            for w in self.workers.drain(..) {
-                let _ = w.join();
-            }
+        if self.shutdown.signal().is_ok() && self.join_bounded() {
             let mut reserve = std::mem::take(&mut *self.core.reserve.lock());
             self.core.alloc.free_bulk(&mut reserve);
             // Every region is gone (each held this service), so every frame
@@ -485,6 +501,37 @@ impl Drop for Service {
                 );
             }
         }
+    }
+}
+
+/// How long dropping the manager waits for its threads: a worker inside a
+/// store call that never returns (a hung remote store) must not hang the
+/// program's drop.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Service {
+    /// Joins the threads that finish within [`SHUTDOWN_WAIT`]; the others
+    /// are detached with an error logged (they keep the core, and with it
+    /// the pool, alive until they return). Returns whether all joined.
+    fn join_bounded(&mut self) -> bool {
+        let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
+        while self.workers.iter().any(|w| !w.is_finished()) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut all = true;
+        for w in self.workers.drain(..) {
+            if w.is_finished() {
+                let _ = w.join();
+            } else {
+                all = false;
+                tracing::error!(
+                    thread = w.thread().name().unwrap_or("?"),
+                    "a faultline thread did not stop within {SHUTDOWN_WAIT:?} (a store call that does not return?); detached"
+                );
+            }
+        }
+        all
     }
 }
 
@@ -771,6 +818,7 @@ impl Manager {
             PageSize::Base4K if store.identity().is_some() => core.config.readahead_max,
             PageSize::Base4K | PageSize::Huge2M => 1,
         };
+        let store: Arc<dyn Store> = Arc::new(crate::store::Guarded(store));
         let inner = Arc::new(RegionInner::new(id, map, page, store, window));
         core.table.insert(Arc::clone(&inner));
         Ok(Region {
@@ -913,8 +961,9 @@ impl Region {
         ))
     }
 
-    /// Maps the pages of bytes `range` of the region (offsets from its start,
-    /// clipped to its length) now, so that touching them does not fault:
+    /// Maps the pages of bytes `range` of the region (offsets from its start;
+    /// a range not inside the region is [`FaultError::BadRange`]) now, so
+    /// that touching them does not fault:
     /// each absent page is filled (fault-around and read-ahead apply) and
     /// moved in from this thread. Returns how many pages were mapped; a page
     /// that cannot be (no frame, store error) is poisoned as a fault would
@@ -923,7 +972,14 @@ impl Region {
         let r = &self.inner;
         let core = &self.service.core;
         let ps = r.page_size.bytes();
-        let end = range.end.min(self.len());
+        if range.start > range.end || range.end > self.len() {
+            return Err(FaultError::BadRange {
+                start: range.start,
+                end: range.end,
+                len: self.len(),
+            });
+        }
+        let end = range.end;
         let mut mapped = 0;
         let mut offset = range.start - range.start % ps;
         while offset < end {
@@ -1098,6 +1154,12 @@ impl Region {
     /// and are reported, not faulted on. A page that fails stays dirty;
     /// the others are still written, and the first error is returned.
     fn write_back(&self) -> Result<(), StoreError> {
+        self.write_back_within(None)
+    }
+
+    /// [`Region::write_back`]; with `limit`, a page whose lock stays held
+    /// longer (a worker stuck in the store) is skipped and reported.
+    fn write_back_within(&self, limit: Option<std::time::Duration>) -> Result<(), StoreError> {
         let r = &self.inner;
         let core = &self.service.core;
         let mut first_err = None;
@@ -1109,7 +1171,27 @@ impl Region {
                 continue;
             }
             let (domain, key) = r.lock_key(page);
-            let _g = core.locks.lock(domain, key);
+            let _g = match limit {
+                None => core.locks.lock(domain, key),
+                Some(limit) => {
+                    let mut idx = vec![core.locks.index(domain, key)];
+                    match core.locks.lock_all_within(&mut idx, limit) {
+                        Some(mut g) if !g.is_empty() => g.swap_remove(0),
+                        _ => {
+                            first_err.get_or_insert(StoreError::Unreadable {
+                                page: page as u64,
+                                source: SysError {
+                                    op: "fault lock",
+                                    addr: r.page_addr(page),
+                                    len: r.page_size.bytes(),
+                                    errno: libc::ETIMEDOUT,
+                                },
+                            });
+                            continue;
+                        }
+                    }
+                }
+            };
             let (f, resident) = match r.state(page) {
                 PageState::Absent | PageState::Poisoned | PageState::Gone => continue,
                 PageState::Resident(f) => (f, true),
@@ -1178,7 +1260,10 @@ impl Region {
         // Write back before the frames go: a region's data outlives it in its
         // store. An error cannot be returned from drop; it is queued.
         if r.store.writable() {
-            if let Err(e) = self.write_back().and_then(|()| r.store.flush()) {
+            if let Err(e) = self
+                .write_back_within(Some(SHUTDOWN_WAIT))
+                .and_then(|()| r.store.flush())
+            {
                 core.record(FaultError::Store {
                     addr: r.start(),
                     source: e,
@@ -1222,7 +1307,15 @@ impl Region {
                     core.locks.index(domain, key)
                 })
                 .collect();
-            let _g = core.locks.lock_all(&mut idx);
+            let Some(_g) = core.locks.lock_all_within(&mut idx, SHUTDOWN_WAIT) else {
+                // A worker holds it, stuck in a store call: leave the
+                // window's frames (they leak) rather than hang the drop.
+                core.record(FaultError::Inconsistent {
+                    addr: r.page_addr(w.start),
+                    what: "a fault lock stayed held through teardown (a store call that does not return?); its pages' frames are leaked",
+                });
+                continue;
+            };
             // Runs of resident pages backed by consecutive frames (a
             // fault-around run) go back with one UFFDIO_MOVE.
             let mut p = w.start;

@@ -49,6 +49,8 @@ pub struct Stats {
     pub(crate) collapses: AtomicU64,
     pub(crate) migrate_left_parked: AtomicU64,
     pub(crate) unmapped_by_program: AtomicU64,
+    pub(crate) poison_retries: AtomicU64,
+    pub(crate) errors_dropped: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
@@ -92,6 +94,8 @@ impl Stats {
             collapses: AtomicU64::new(0),
             migrate_left_parked: AtomicU64::new(0),
             unmapped_by_program: AtomicU64::new(0),
+            poison_retries: AtomicU64::new(0),
+            errors_dropped: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
             hist: (0..workers.max(1))
@@ -150,6 +154,8 @@ impl Stats {
             collapses: r(&self.collapses),
             migrate_left_parked: r(&self.migrate_left_parked),
             unmapped_by_program: r(&self.unmapped_by_program),
+            poison_retries: r(&self.poison_retries),
+            errors_dropped: r(&self.errors_dropped),
             copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
             frames_prezeroed: 0,
@@ -262,6 +268,10 @@ pub struct StatsSnapshot {
     /// Pages whose frames faultline gave up because the program unmapped
     /// them itself (`munmap`, `mremap` away; `UFFD_EVENT_UNMAP`).
     pub unmapped_by_program: u64,
+    /// Faults on poisoned pages served again (the store gets another try).
+    pub poison_retries: u64,
+    /// Fault errors dropped from the full error queue (the oldest go).
+    pub errors_dropped: u64,
     /// Migration copy chunks done by idle fault workers.
     pub copy_chunks_helped: u64,
     /// Fault lock statistics (lockstat), summed over the table.

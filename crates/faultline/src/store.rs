@@ -37,6 +37,17 @@ pub enum StoreError {
         #[source]
         source: faultline_sys::SysError,
     },
+    /// The store panicked (a bug in it); faultline caught the panic, so the
+    /// worker that called it lives on and the page gets this error.
+    #[error("store {op} of page {page} panicked: {message}")]
+    Panicked {
+        /// `"read"`, `"write"` or `"flush"`.
+        op: &'static str,
+        /// Page index within the region (0 for `flush`).
+        page: u64,
+        /// The panic's message, if it was a string.
+        message: String,
+    },
     /// The store cannot do this operation (e.g. writing back to [`Zero`]).
     #[error("store {store} does not support {op}")]
     Unsupported {
@@ -53,7 +64,7 @@ impl StoreError {
         match self {
             StoreError::Io { source, .. } => source.raw_os_error(),
             StoreError::Unreadable { source, .. } => Some(source.errno),
-            StoreError::Unsupported { .. } => None,
+            StoreError::Unsupported { .. } | StoreError::Panicked { .. } => None,
         }
     }
 }
@@ -110,6 +121,66 @@ pub trait Store: Send + Sync + Debug {
     }
 }
 
+/// Every store a region uses is wrapped in this: each call runs under
+/// `catch_unwind`, so a store that panics gives an error for that page
+/// ([`StoreError::Panicked`]) instead of killing the fault worker (whose
+/// faulting thread would then wait forever) or unwinding out of a `Drop`.
+#[derive(Debug)]
+pub(crate) struct Guarded(pub(crate) std::sync::Arc<dyn Store>);
+
+impl Guarded {
+    fn call<T>(
+        &self,
+        op: &'static str,
+        page: u64,
+        f: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+            let message = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(StoreError::Panicked { op, page, message })
+        })
+    }
+
+    /// A call that cannot fail, with `fallback` if it panics.
+    fn quiet<T>(&self, fallback: T, f: impl FnOnce() -> T) -> T {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
+    }
+}
+
+impl Store for Guarded {
+    fn name(&self) -> &'static str {
+        self.quiet("store", || self.0.name())
+    }
+    fn is_zero(&self) -> bool {
+        self.quiet(false, || self.0.is_zero())
+    }
+    fn writable(&self) -> bool {
+        self.quiet(false, || self.0.writable())
+    }
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.call("read", page, || self.0.read(page, buf))
+    }
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.call("read", first, || self.0.read_pages(first, page_size, buf))
+    }
+    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.call("write", page, || self.0.write(page, buf))
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.call("flush", 0, || self.0.flush())
+    }
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        self.quiet((), || self.0.will_read(first, pages, page_size));
+    }
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.quiet(None, || self.0.identity())
+    }
+}
+
 /// A region backed by `[offset, offset + region length)` of a file.
 ///
 /// Page `p` of a region with page size `ps` is the file's bytes
@@ -159,8 +230,12 @@ impl File {
         }
     }
 
+    /// The byte offset of `page` (pages of `len` bytes) in the file. Cannot
+    /// overflow for a page of a region: `Manager::map` refuses a region
+    /// whose offset plus length overflows; saturates otherwise (a read there
+    /// gets zeros, a write an error from the kernel).
     fn at(&self, page: u64, len: usize) -> u64 {
-        self.offset + page * len as u64
+        page.saturating_mul(len as u64).saturating_add(self.offset)
     }
 
     /// One `pread` loop into `buf` from byte `at`; zeros past the end of the

@@ -112,6 +112,35 @@ impl FaultLocks {
         indices.iter().map(|&i| self.lock_index(i)).collect()
     }
 
+    /// [`FaultLocks::lock_all`], giving up after `limit`: `None` if some
+    /// lock stayed held that long (by a worker inside a store call that does
+    /// not return). For teardown, which must not hang.
+    pub fn lock_all_within(
+        &self,
+        indices: &mut Vec<usize>,
+        limit: std::time::Duration,
+    ) -> Option<Vec<FaultGuard<'_>>> {
+        indices.sort_unstable();
+        indices.dedup();
+        let deadline = Instant::now() + limit;
+        let mut guards = Vec::with_capacity(indices.len());
+        for &i in indices.iter() {
+            let m = &self.locks[i & self.mask];
+            let mut g = loop {
+                if let Some(g) = m.try_lock() {
+                    break g;
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            };
+            g.acquisitions += 1;
+            guards.push(g);
+        }
+        Some(guards)
+    }
+
     fn lock_index(&self, index: usize) -> FaultGuard<'_> {
         let m = &self.locks[index & self.mask];
         let mut g = match m.try_lock() {

@@ -61,6 +61,16 @@ pub enum FaultError {
         /// What disagreed.
         what: &'static str,
     },
+    /// A byte range passed to the API is not a range inside the region.
+    #[error("range {start}..{end} is not inside the region of {len} bytes")]
+    BadRange {
+        /// Start offset asked for.
+        start: usize,
+        /// End offset asked for.
+        end: usize,
+        /// The region's length.
+        len: usize,
+    },
     /// Reading events from the userfaultfd failed.
     #[error("reading fault events failed: {0}")]
     Events(#[source] SysError),
@@ -75,7 +85,7 @@ impl FaultError {
             | FaultError::Move { addr, .. }
             | FaultError::Poison { addr, .. }
             | FaultError::Inconsistent { addr, .. } => Some(*addr),
-            FaultError::Events(_) => None,
+            FaultError::Events(_) | FaultError::BadRange { .. } => None,
         }
     }
 }

@@ -106,6 +106,11 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
                     continue;
                 }
                 if !spin.is_zero() && last_event.elapsed() < spin {
+                    // Spinning never reaches the shutdown eventfd: look at
+                    // the flag set before it is signalled.
+                    if core.is_stopping() {
+                        return;
+                    }
                     std::hint::spin_loop();
                     continue;
                 }
@@ -243,8 +248,19 @@ fn resolve(
     match region.state(page) {
         PageState::Absent => {}
         PageState::Poisoned => {
-            wake(core, region, page);
-            return Resolution::AlreadyMapped;
+            // A fault on a poisoned page: the program dropped the poison
+            // marker (MADV_DONTNEED: waking would loop forever), or a thread
+            // touches it again after a SIGBUS. Either way the store gets
+            // another try (its error may have been transient): the marker
+            // goes, and the page is served afresh — or poisoned again.
+            let addr = region.page_addr(page);
+            // SAFETY: a poisoned page holds no data, only the kernel's
+            // poison marker, and nothing references it.
+            if let Err(source) = unsafe { region.map.discard(addr, region.page_size.bytes()) } {
+                return poison(core, region, page, FaultError::Move { addr, source });
+            }
+            region.set_state(page, PageState::Absent);
+            Stats::bump(&core.stats.poison_retries);
         }
         PageState::Parked(f) => return unpark(core, region, page, f),
         PageState::Gone => return gone(core, region, page, fault_addr),
@@ -549,10 +565,10 @@ pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> R
     let (domain, key) = region.lock_key(page);
     let _guard = core.locks.lock(domain, key);
     match region.state(page) {
-        PageState::Absent | PageState::Parked(_) => {
+        PageState::Absent | PageState::Parked(_) | PageState::Poisoned => {
             resolve(core, region, page, region.page_addr(page), 0)
         }
-        PageState::Resident(_) | PageState::Poisoned | PageState::Gone => Resolution::AlreadyMapped,
+        PageState::Resident(_) | PageState::Gone => Resolution::AlreadyMapped,
     }
 }
 
