@@ -27,7 +27,7 @@ use crate::region::{PageState, RegionInner, RegionTable};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::{Store, StoreError};
 use faultline_sys::mem::{Advice, Mapping};
-use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Uffd};
+use faultline_sys::uffd::{EventFd, Features, OpenError, RegisterMode, Uffd, Waiter};
 use faultline_sys::SysError;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -153,6 +153,10 @@ pub enum AddrError {
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) config: Config,
+    /// Declared (so dropped) before `pool`: the pool is registered with it,
+    /// and with `UFFD_FEATURE_EVENT_UNMAP` unmapping a registered range
+    /// waits for a reader of the event — closing the userfaultfd first
+    /// unregisters everything.
     pub(crate) uffd: Uffd,
     pub(crate) pool: Pool,
     pub(crate) alloc: FramePools,
@@ -618,6 +622,12 @@ impl ManagerBuilder {
                     huge: true,
                 }),
         );
+        // Everything fallible that the core needs comes before the pool: once
+        // the pool is registered, dropping it before the userfaultfd (as an
+        // error return here would: locals drop in reverse) would wait forever
+        // for a reader of its unmap event.
+        let pagemap = faultline_sys::mem::PageMap::open()?;
+        let deferred_fd = EventFd::new()?;
         let pool = Pool::new(&parts, &uffd)?;
         let alloc = FramePools::new(
             &parts,
@@ -631,7 +641,7 @@ impl ManagerBuilder {
         let core = Arc::new(Core {
             locks: FaultLocks::new(config.locks, config.fault_locks),
             stats: Stats::new(config.workers),
-            pagemap: faultline_sys::mem::PageMap::open()?,
+            pagemap,
             pid: faultline_sys::host::process_id(),
             table: RegionTable::new(config.lookup_cache),
             errors: Mutex::new(VecDeque::new()),
@@ -640,7 +650,7 @@ impl ManagerBuilder {
             readers: std::sync::atomic::AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             deferred: Mutex::new(VecDeque::new()),
-            deferred_fd: EventFd::new()?,
+            deferred_fd,
             worker_tids: Mutex::new(Vec::new()),
             reserve: Mutex::new(Vec::new()),
             reserve_cv: parking_lot::Condvar::new(),
@@ -661,11 +671,18 @@ impl ManagerBuilder {
             workers: Vec::new(),
         };
         let fd: RawFd = service.shutdown.raw_fd();
-        for i in 0..core.config.workers {
+        // Every worker's epoll set is made here, so running out of file
+        // descriptors is build()'s error, not a worker that quietly exits
+        // (and a first touch that then waits forever).
+        let others = [fd, core.deferred_fd.raw_fd()];
+        let waiters = (0..core.config.workers)
+            .map(|_| Waiter::new(&core.uffd, &others, core.config.exclusive_wake))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, waiter) in waiters.into_iter().enumerate() {
             let c = Arc::clone(&core);
             let h = std::thread::Builder::new()
                 .name(format!("faultline-w{i}"))
-                .spawn(move || service::run_worker(c, i, fd))
+                .spawn(move || service::run_worker(c, i, waiter))
                 .map_err(BuildError::Thread)?;
             service.workers.push(h);
         }
@@ -1133,9 +1150,13 @@ impl Region {
     /// written. Regions whose store is not writable (zero-filled, read-only
     /// files) have nothing to write.
     ///
-    /// Each page is written as it is at the moment it is copied, under its
-    /// fault lock; writes racing with the flush may or may not be included
-    /// (they stay dirty if not).
+    /// Each page is written from its frame, taken out of the region for the
+    /// copy: the store gets the page as it was at one instant, never a torn
+    /// mix; a write racing with the flush waits for it, and lands either in
+    /// what is written or in the page that stays dirty. A page that cannot
+    /// be written stays dirty (and in memory); the others are still
+    /// written, and the first error is returned. A later flush tries the
+    /// failed pages again.
     pub fn flush(&self) -> Result<(), StoreError> {
         let r = &self.inner;
         if !r.store.writable() {
@@ -1143,6 +1164,19 @@ impl Region {
         }
         self.write_back()?;
         r.store.flush()
+    }
+
+    /// Flushes the region and unmaps it, returning the flush's result. On
+    /// failure the region is handed back, unchanged and still mapped, with
+    /// the error: its dirty pages are still in memory, so the caller can
+    /// free space (or let the store recover) and close again. Dropping a
+    /// region also writes back, but can only queue its error
+    /// ([`Manager::take_error`]) and then lets the pages go.
+    pub fn close(self) -> Result<(), (Region, StoreError)> {
+        match self.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
     }
 
     /// Writes every dirty page back. A resident page is written from its

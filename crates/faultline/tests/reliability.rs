@@ -343,3 +343,179 @@ fn the_error_queue_is_bounded_and_counts_what_it_drops() {
     }
     assert_eq!(n, 1024);
 }
+
+/// A small tmpfs of our own, unmounted when dropped.
+struct Tmpfs {
+    dir: ScratchDir,
+}
+
+impl Tmpfs {
+    fn mount(bytes: usize) -> Tmpfs {
+        let dir = ScratchDir::new("tmpfs");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test needs to mount a tmpfs (root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Row 1: write-back that runs out of space (`ENOSPC`) stopped at the first
+/// page that needed space: flush wrote 8 of the 40 pages that fit. Now it
+/// writes every page that fits, returns the error, keeps the rest dirty;
+/// `close` hands the region back on failure and succeeds once there is room.
+#[test]
+fn write_back_out_of_space_writes_what_fits_and_keeps_the_rest() {
+    let fs = Tmpfs::mount(64 * PAGE);
+    let path = fs.dir.path().join("data");
+    // 64 pages long, the first 32 allocated, the rest a hole.
+    std::fs::write(&path, vec![1u8; 32 * PAGE]).expect("write");
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(64 * PAGE as u64))
+        .expect("extend");
+    // Ballast fills the filesystem but for 8 pages.
+    let ballast = fs.dir.path().join("ballast");
+    std::fs::write(&ballast, vec![0u8; 24 * PAGE]).expect("ballast");
+    let mm = manager(8 * MIB);
+    let mut r = mm
+        .map(
+            64 * PAGE,
+            File::open(&path, 0, true).expect("open"),
+            MapOptions::new(),
+        )
+        .expect("map");
+    for p in 0..64 {
+        r.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(p as u8 + 2);
+    }
+    let err = r.flush().expect_err("out of space");
+    assert_eq!(err.errno(), Some(libc::ENOSPC), "{err}");
+    let on_disk = std::fs::read(&path).expect("read");
+    let written = (0..64)
+        .filter(|&p| {
+            on_disk[p * PAGE..(p + 1) * PAGE]
+                .iter()
+                .all(|&b| b == p as u8 + 2)
+        })
+        .count();
+    assert_eq!(
+        written, 40,
+        "every page that fits is written (32 in place + 8 new)"
+    );
+    // Close fails too, and hands the region back with its data.
+    let (r, err) = match r.close() {
+        Ok(()) => panic!("close succeeded with no room"),
+        Err(back) => back,
+    };
+    assert_eq!(err.errno(), Some(libc::ENOSPC));
+    assert!(
+        (0..64).all(|p| r.as_slice()[p * PAGE] == p as u8 + 2),
+        "nothing lost"
+    );
+    std::fs::remove_file(&ballast).expect("free space");
+    if r.close().is_err() {
+        panic!("close with room again failed");
+    }
+    let on_disk = std::fs::read(&path).expect("read");
+    for p in 0..64 {
+        assert!(
+            on_disk[p * PAGE..(p + 1) * PAGE]
+                .iter()
+                .all(|&b| b == p as u8 + 2),
+            "page {p} reached the file"
+        );
+    }
+}
+
+/// Row 8: out of file descriptors while the manager starts — with exactly
+/// 4 free, `build()` returned `Ok` and the first touch hung (a worker could
+/// not make its epoll set and quietly exited). Now every descriptor is
+/// taken in `build()`: for each number of free descriptors, the manager is
+/// either refused with the errno or serves faults. In a child process
+/// (this test binary, re-executed): the limit is process-wide.
+#[test]
+fn running_out_of_file_descriptors_is_builds_error() {
+    if std::env::var_os("FAULTLINE_CHILD").is_some() {
+        let used = std::fs::read_dir("/proc/self/fd").expect("fds").count() as u64;
+        let mut hard = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: reads this process's limit into `hard`.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) },
+            0
+        );
+        let mut refused = 0;
+        for free in 0..16u64 {
+            let lim = libc::rlimit {
+                rlim_cur: used + free,
+                rlim_max: hard.rlim_max,
+            };
+            // SAFETY: sets this (child) process's own limit.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+            let mm = match faultline::Manager::builder()
+                .budget(8 * MIB)
+                .workers(2)
+                .build()
+            {
+                Ok(mm) => mm,
+                Err(e) => {
+                    println!("{free} free: refused: {e}");
+                    refused += 1;
+                    continue;
+                }
+            };
+            let r = mm.map(16 * PAGE, Zero, MapOptions::new()).expect("map");
+            let addr = r.addr();
+            let (tx, rx) = std::sync::mpsc::channel();
+            // A user-mode touch (a kernel-mode one would need a pipe, and
+            // there are no descriptors to spare).
+            std::thread::spawn(move || {
+                // SAFETY: the first byte of the live region.
+                let _ = tx.send(unsafe { (addr as *const u8).read_volatile() });
+            });
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(0) => println!("{free} free: serves faults"),
+                Ok(b) => panic!("{free} free: the first touch read {b}"),
+                Err(_) => panic!("{free} free: build() succeeded and the first touch hangs"),
+            }
+        }
+        assert!(refused > 0, "no limit was low enough to refuse the build");
+        println!("fd child: ok");
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "running_out_of_file_descriptors_is_builds_error",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FAULTLINE_CHILD", "1")
+        .output()
+        .expect("spawn child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("fd child: ok"),
+        "child failed ({}): {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

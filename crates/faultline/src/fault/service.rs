@@ -40,7 +40,6 @@ use crate::stats::Stats;
 use faultline_sys::uffd::{Event, Ready, Resolved, Waiter};
 use faultline_sys::{host, PAGE_SIZE};
 use std::collections::VecDeque;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,7 +69,7 @@ pub enum Resolution {
 /// that may block (a store read, or waiting for a page lock another worker
 /// holds), it hands the rest of its batch to the shared deferred queue and
 /// signals it, so idle workers take those events at once.
-pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
+pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
     if core.config.pin_workers {
         // Best effort: a worker that cannot be pinned still serves faults.
         let _ = host::pin_thread(worker % host::online_cpus());
@@ -78,14 +77,6 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, shutdown: RawFd) {
     core.worker_tids.lock().push(host::thread_id());
     let batch = core.config.event_batch;
     let spin = Duration::from_micros(u64::from(core.config.spin_us));
-    let others = [shutdown, core.deferred_fd.raw_fd()];
-    let waiter = match Waiter::new(&core.uffd, &others, core.config.exclusive_wake) {
-        Ok(w) => w,
-        Err(e) => {
-            core.record(FaultError::Events(e));
-            return;
-        }
-    };
     let mut read = Vec::with_capacity(batch);
     let mut events: VecDeque<Queued> = VecDeque::with_capacity(batch);
     let mut last_event = Instant::now();
