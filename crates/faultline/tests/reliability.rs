@@ -457,10 +457,8 @@ fn running_out_of_file_descriptors_is_builds_error() {
             rlim_max: 0,
         };
         // SAFETY: reads this process's limit into `hard`.
-        assert_eq!(
-            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) },
-            0
-        );
+        let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) };
+        assert_eq!(rc, 0);
         let mut refused = 0;
         for free in 0..16u64 {
             let lim = libc::rlimit {
