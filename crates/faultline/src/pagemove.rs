@@ -297,7 +297,14 @@ unsafe fn settle(
             Stats::bump(&core.stats.move_misreported);
             return finish(core, dst, len, wake);
         }
-        if Instant::now() > deadline {
+        // A refusal that is not a transient state (EINVAL: the two ranges'
+        // protections differ after an mprotect, a range is not mapped) is
+        // final once it repeats: no point waiting for the deadline.
+        let hard = !matches!(
+            last.errno,
+            libc::EAGAIN | libc::EBUSY | libc::EEXIST | libc::ENOENT
+        );
+        if Instant::now() > deadline || (hard && round > 1) {
             // SAFETY: the caller's contract.
             unsafe { undo(core, dst, src, &at)? };
             return Err(MoveError::Refused(last));
