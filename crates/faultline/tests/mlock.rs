@@ -43,26 +43,12 @@ fn child() {
 
 #[test]
 fn mlockall_before_mapping_still_faults_to_faultline() {
-    if std::env::var_os("FAULTLINE_CHILD").is_some() {
+    if common::in_child() {
         child();
         return;
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "mlockall_before_mapping_still_faults_to_faultline",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("FAULTLINE_CHILD", "1")
-        .output()
-        .expect("spawn child");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("mlock child: ok"),
-        "child failed ({}): {stdout} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    common::run_in_child(
+        "mlockall_before_mapping_still_faults_to_faultline",
+        "mlock child: ok",
     );
 }

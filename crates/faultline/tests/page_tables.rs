@@ -9,17 +9,10 @@ use faultline::store::{File as FileStore, Zero};
 use faultline::{MapOptions, PageSize};
 
 mod common;
-use common::{manager, settled, ScratchDir, MIB};
+use common::{drop_page, manager, settled, ScratchDir, MIB};
 
 const HUGE: usize = 2 * MIB;
 const PAGE: usize = 4096;
-
-/// Drops the 4 KiB page at `addr` the way a program would.
-fn drop_page(addr: usize) {
-    // SAFETY: one page of a live region; no reference into it is held.
-    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, PAGE, libc::MADV_DONTNEED) };
-    assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
-}
 
 /// Regression test for the stress test's "shared word lost" (issue: no data
 /// lost): a 2 MiB page whose first 4 KiB page was missing from the page

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{kernel_read, manager, manager_with, ScratchDir, MIB};
+use common::{drop_page, kernel_read, manager, manager_with, ScratchDir, MIB};
 
 const PAGE: usize = 4096;
 
@@ -178,13 +178,6 @@ fn a_dropped_poisoned_page_is_served_again_not_a_livelock() {
     drop_page(page);
     assert_eq!(kernel_read(page), 0, "the store works now");
     assert_eq!(r.as_slice()[7 * PAGE], 7 | 1);
-}
-
-/// `MADV_DONTNEED` of the region page at `addr`, as a program would.
-fn drop_page(addr: usize) {
-    // SAFETY: one page of a live region; no reference into it is held.
-    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, PAGE, libc::MADV_DONTNEED) };
-    assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
 }
 
 /// Row 6: a store that blocks forever — dropping the manager hung. Now the
@@ -450,7 +443,7 @@ fn write_back_out_of_space_writes_what_fits_and_keeps_the_rest() {
 /// (this test binary, re-executed): the limit is process-wide.
 #[test]
 fn running_out_of_file_descriptors_is_builds_error() {
-    if std::env::var_os("FAULTLINE_CHILD").is_some() {
+    if common::in_child() {
         let used = std::fs::read_dir("/proc/self/fd").expect("fds").count() as u64;
         let mut hard = libc::rlimit {
             rlim_cur: 0,
@@ -498,22 +491,8 @@ fn running_out_of_file_descriptors_is_builds_error() {
         println!("fd child: ok");
         return;
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "running_out_of_file_descriptors_is_builds_error",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("FAULTLINE_CHILD", "1")
-        .output()
-        .expect("spawn child");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("fd child: ok"),
-        "child failed ({}): {stdout} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    common::run_in_child(
+        "running_out_of_file_descriptors_is_builds_error",
+        "fd child: ok",
     );
 }

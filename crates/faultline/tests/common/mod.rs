@@ -73,6 +73,38 @@ pub fn kernel_read(addr: usize) -> i32 {
     }
 }
 
+/// Whether this process is the child of [`run_in_child`].
+pub fn in_child() -> bool {
+    std::env::var_os("FAULTLINE_CHILD").is_some()
+}
+
+/// Re-runs test `name` of this test binary in a child process (for tests
+/// that change process-wide state: limits, mlockall) and fails unless it
+/// exits cleanly having printed `marker`.
+pub fn run_in_child(name: &str, marker: &str) {
+    let exe = std::env::current_exe().expect("current exe");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("FAULTLINE_CHILD", "1")
+        .output()
+        .expect("spawn child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "child failed ({}): {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `MADV_DONTNEED` of the 4 KiB page at `addr`, as a program would.
+pub fn drop_page(addr: usize) {
+    // SAFETY: one page of a live region; the caller holds no reference
+    // into it.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, 4096, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
+}
+
 /// A scratch directory of one test's own (unique per process and call), removed
 /// when it drops — also when the test fails, since a panic unwinds through it.
 /// Tests run in parallel: none may share a file with another.
