@@ -429,6 +429,21 @@ mod tests {
     }
 
     #[test]
+    fn pagemap_sees_which_pages_hold_data() {
+        let m = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        let pm = PageMap::open().expect("pagemap");
+        let a = m.addr();
+        assert!(!pm.any_data(a, a + HUGE_PAGE_SIZE).expect("scan"));
+        // SAFETY: a page of our own fresh mapping, no references into it.
+        unsafe { ((a + 5 * PAGE_SIZE) as *mut u8).write_volatile(1) };
+        assert!(pm.any_data(a, a + HUGE_PAGE_SIZE).expect("scan"));
+        assert!(!pm.any_data(a, a + 5 * PAGE_SIZE).expect("scan"));
+        let mut v = Vec::new();
+        pm.has_data(a, 8, &mut v).expect("read");
+        assert_eq!(v, [false, false, false, false, false, true, false, false]);
+    }
+
+    #[test]
     fn split_pieces_own_their_pages() {
         let m = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
         let base = m.addr();
@@ -493,6 +508,8 @@ const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
 const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
 const PAGE_IS_WRITTEN: u64 = 1 << 1;
 const PAGE_IS_HUGE: u64 = 1 << 6;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
 
 impl PageMap {
     /// Opens this process's pagemap.
@@ -555,6 +572,32 @@ impl PageMap {
             done += n;
         }
         Ok(())
+    }
+
+    /// Whether any page of `[start, end)` holds data (present, or swapped
+    /// out): one `PAGEMAP_SCAN` that stops at the first such page — cheaper
+    /// than reading every entry when the answer is usually no.
+    pub fn any_data(&self, start: usize, end: usize) -> Result<bool, SysError> {
+        use std::os::fd::AsRawFd;
+        let mut buf = [PageRegion::default(); 1];
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            start: start as u64,
+            end: end as u64,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: 1,
+            max_pages: 1,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            ..PmScanArg::default()
+        };
+        // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most one PageRegion
+        // into `buf`, plus `walk_end` in `arg`; it changes nothing.
+        let n = unsafe { libc::ioctl(self.file.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+        if n < 0 {
+            return Err(SysError::last("PAGEMAP_SCAN", start, end - start));
+        }
+        Ok(n > 0)
     }
 
     /// Bytes of `[start, end)` mapped by huge (PMD) page-table entries.

@@ -423,9 +423,7 @@ pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), Sys
 /// Whether no page of `[addr, addr + len)` holds data (mapped, swapped or
 /// migrating).
 pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
-    let mut v = Vec::new();
-    core.pagemap.has_data(addr, len / PAGE_SIZE, &mut v)?;
-    Ok(!v.contains(&true))
+    core.pagemap.any_data(addr, addr + len).map(|any| !any)
 }
 
 /// Whether every page of `[addr, addr + len)` holds data.
