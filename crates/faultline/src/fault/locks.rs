@@ -125,16 +125,10 @@ impl FaultLocks {
         let deadline = Instant::now() + limit;
         let mut guards = Vec::with_capacity(indices.len());
         for &i in indices.iter() {
-            let m = &self.locks[i & self.mask];
-            let mut g = loop {
-                if let Some(g) = m.try_lock() {
-                    break g;
-                }
-                if Instant::now() > deadline {
-                    return None;
-                }
-                std::thread::sleep(std::time::Duration::from_micros(100));
-            };
+            // A timed lock queues like any waiter (parking_lot hands the lock
+            // on fairly under contention), so only a holder that never lets
+            // go — not a busy table — makes it give up.
+            let mut g = self.locks[i & self.mask].try_lock_until(deadline)?;
             g.acquisitions += 1;
             guards.push(g);
         }
