@@ -174,9 +174,8 @@ fn region_memory_as_a_syscall_buffer() {
 fn o_direct_reads_into_region_memory() {
     use std::os::unix::fs::OpenOptionsExt;
     // On the disk's own filesystem (tmpfs has no O_DIRECT).
-    let dir = std::env::current_dir()
-        .expect("cwd")
-        .join(format!("target/faultline-odirect-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("faultline-odirect-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     struct Remove(std::path::PathBuf);
     impl Drop for Remove {
