@@ -12,8 +12,10 @@
 //! 2. [`stress_store_backed_oracle`]: the same writers over file-backed
 //!    regions (4 KiB and 2 MiB pages) four times the budget, so reclaim
 //!    parks, evicts and writes back all the time, with a flusher, the
-//!    dropper and the forker; at the end a fresh manager reopens the file
-//!    and every byte must match the oracle.
+//!    dropper, the forker, a migrator (to a tier and back, and collapses)
+//!    and map/unmap churn of private file regions checked on disk; at the
+//!    end a fresh manager reopens the files and every byte must match the
+//!    oracle.
 //!
 //! Every word written must read back, every word nobody wrote must read its
 //! initial value, and at the end every frame is back in the pool.
@@ -346,12 +348,15 @@ fn stress_store_backed_oracle() {
         .collect();
     let threads = 3;
     let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = {
-        let mm = common::manager_with(faultline::Config {
-            budget: 16 * MIB,
-            workers: 2,
-            fault_locks: 8,
-            ..faultline::Config::default()
-        });
+        let mm = common::manager_with(
+            faultline::Config {
+                budget: 16 * MIB,
+                workers: 2,
+                fault_locks: 8,
+                ..faultline::Config::default()
+            }
+            .with_tier(8 * MIB),
+        );
         let open = |i: usize, size: PageSize| {
             mm.map(
                 len,
@@ -375,6 +380,66 @@ fn stress_store_backed_oracle() {
             });
             s.spawn(|| run_dropper(&[&regions[0], &regions[1]], deadline, initial));
             s.spawn(|| run_forker(deadline));
+            // A migrator: ranges of both regions to the tier and back, and
+            // collapses of the 4 KiB region's blocks (most are refused:
+            // reclaim keeps evicting their pages), while everything runs.
+            s.spawn(|| {
+                let mut next = rng(seed ^ 0x316);
+                let mut to = 1;
+                while Instant::now() < deadline {
+                    for r in &regions {
+                        let start = (next() as usize % (r.len() / (2 * MIB))) * 2 * MIB;
+                        match r.migrate(start..start + 2 * MIB, to) {
+                            Ok(_) | Err(MigrateError::PoolFull { .. }) => {}
+                            Err(e) => panic!("seed {seed}: migrate: {e}"),
+                        }
+                    }
+                    let b = (next() as usize % (len / (2 * MIB))) * 2 * MIB;
+                    match regions[0].collapse(b..b + 2 * MIB) {
+                        Ok(_)
+                        | Err(MigrateError::NotResident { .. })
+                        | Err(MigrateError::PoolFull { .. })
+                        | Err(MigrateError::NotCollapsible { .. }) => {}
+                        Err(e) => panic!("seed {seed}: collapse: {e}"),
+                    }
+                    to = 1 - to;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            // Map/unmap churn: private file regions of their own, written,
+            // flushed, dropped and checked on disk.
+            s.spawn(|| {
+                let mut next = rng(seed ^ 0xC0DE);
+                let mut n = 0;
+                while Instant::now() < deadline {
+                    let f = dir.file(&format!("churn-{}", n % 2), &vec![0u8; MIB]);
+                    {
+                        let mut r = mm
+                            .map(
+                                MIB,
+                                faultline::store::File::open(&f, 0, true).expect("open"),
+                                MapOptions::new(),
+                            )
+                            .expect("map");
+                        let v = (next() % 250) as u8 + 1;
+                        for p in (0..MIB / 4096).step_by(3) {
+                            r.as_mut_slice()[p * 4096] = v;
+                        }
+                        if next() % 2 == 0 {
+                            r.flush().expect("flush");
+                        }
+                    }
+                    let bytes = std::fs::read(&f).expect("read back");
+                    for p in 0..MIB / 4096 {
+                        let b = bytes[p * 4096];
+                        assert!(
+                            if p % 3 == 0 { b != 0 } else { b == 0 },
+                            "seed {seed}: churn region page {p} reads {b} after drop"
+                        );
+                    }
+                    n += 1;
+                }
+            });
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
                     let regions = &regions;
