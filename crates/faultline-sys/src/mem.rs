@@ -230,15 +230,6 @@ impl Mapping {
         out
     }
 
-    /// Whether the program unmapped any part.
-    pub fn has_gone(&self) -> bool {
-        !self
-            .gone
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-    }
-
     /// First byte of the mapping.
     pub fn addr(&self) -> usize {
         self.addr.as_ptr() as usize
@@ -342,15 +333,6 @@ impl Mapping {
             return Err(SysError::last("mincore", addr, len));
         }
         Ok(vec[..pages].iter().all(|b| b & 1 == 1))
-    }
-
-    /// Whether the first and the last page of `[addr, addr + len)` are
-    /// mapped (one `mincore` when they are the same page): how a whole
-    /// frame's presence is checked after a move.
-    pub fn ends_resident(&self, addr: usize, len: usize) -> Result<bool, SysError> {
-        let last = addr + len.max(PAGE_SIZE) - PAGE_SIZE;
-        Ok(self.is_resident(addr, PAGE_SIZE)?
-            && (last == addr || self.is_resident(last, PAGE_SIZE)?))
     }
 
     /// `MADV_DONTNEED` on `[addr, addr + len)`: drops the pages there (a

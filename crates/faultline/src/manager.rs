@@ -782,19 +782,16 @@ impl Manager {
         let mut aside = Vec::new();
         loop {
             let map = Mapping::anonymous(len, page.bytes())?;
-            let (s, e) = (map.addr(), map.addr() + len);
-            let clash = core.table.overlaps(s, e);
-            if !clash || aside.len() >= 16 {
-                return if clash {
-                    Err(MapError::Sys(SysError {
-                        op: "mmap",
-                        addr: s,
-                        len,
-                        errno: libc::ENOMEM,
-                    }))
-                } else {
-                    Ok(map)
-                };
+            if !core.table.overlaps(map.addr(), map.addr() + len) {
+                return Ok(map);
+            }
+            if aside.len() >= 16 {
+                return Err(MapError::Sys(SysError {
+                    op: "mmap",
+                    addr: map.addr(),
+                    len,
+                    errno: libc::ENOMEM,
+                }));
             }
             aside.push(map);
         }
@@ -1205,56 +1202,34 @@ impl Region {
                 continue;
             }
             let (domain, key) = r.lock_key(page);
-            let _g = match limit {
-                None => core.locks.lock(domain, key),
-                Some(limit) => {
-                    let mut idx = vec![core.locks.index(domain, key)];
-                    match core.locks.lock_all_within(&mut idx, limit) {
-                        Some(mut g) if !g.is_empty() => g.swap_remove(0),
-                        _ => {
-                            first_err.get_or_insert(StoreError::Unreadable {
-                                page: page as u64,
-                                source: SysError {
-                                    op: "fault lock",
-                                    addr: r.page_addr(page),
-                                    len: r.page_size.bytes(),
-                                    errno: libc::ETIMEDOUT,
-                                },
-                            });
-                            continue;
-                        }
-                    }
-                }
+            let guard = match limit {
+                None => Some(core.locks.lock(domain, key)),
+                Some(limit) => core.locks.lock_within(domain, key, limit),
+            };
+            let Some(_g) = guard else {
+                first_err.get_or_insert(StoreError::Unreadable {
+                    page: page as u64,
+                    source: SysError {
+                        op: "fault lock",
+                        addr: r.page_addr(page),
+                        len: r.page_size.bytes(),
+                        errno: libc::ETIMEDOUT,
+                    },
+                });
+                continue;
             };
             let (f, resident) = match r.state(page) {
                 PageState::Absent | PageState::Poisoned | PageState::Gone => continue,
                 PageState::Resident(f) => (f, true),
                 PageState::Parked(f) => (f, false),
             };
-            if resident && !crate::reclaim::park(core, r, page, f) {
-                let addr = r.page_addr(page);
-                let source = core.take_error(|e| e.addr() == Some(addr)).map_or(
-                    SysError {
-                        op: "UFFDIO_MOVE",
-                        addr,
-                        len: r.page_size.bytes(),
-                        errno: libc::EINVAL,
-                    },
-                    |e| match e {
-                        FaultError::Move { source, .. } => source,
-                        _ => SysError {
-                            op: "UFFDIO_MOVE",
-                            addr,
-                            len: r.page_size.bytes(),
-                            errno: libc::EINVAL,
-                        },
-                    },
-                );
-                first_err.get_or_insert(StoreError::Unreadable {
-                    page: page as u64,
-                    source,
-                });
-                continue;
+            if resident {
+                if let Err(e) = pagemove::park(core, r, page, f) {
+                    // Not moved out (e.g. mprotect'ed): the page stays
+                    // resident and dirty.
+                    first_err.get_or_insert(unparkable(r, page, e));
+                    continue;
+                }
             }
             let mut frame = Frame::from_parts(f, r.page_size.order());
             // SAFETY: a parked frame belongs to its page, whose lock we hold;
@@ -1425,6 +1400,26 @@ impl Region {
                 source: e,
             });
         }
+    }
+}
+
+/// The write-back error for `page`, which could not be taken out of the
+/// region: `park` fails with the refused move, or with the store's error
+/// while refilling a part the program dropped.
+fn unparkable(r: &RegionInner, page: usize, e: FaultError) -> StoreError {
+    let source = match e {
+        FaultError::Store { source, .. } => return source,
+        FaultError::Move { source, .. } => source,
+        _ => SysError {
+            op: "UFFDIO_MOVE",
+            addr: r.page_addr(page),
+            len: r.page_size.bytes(),
+            errno: libc::EIO,
+        },
+    };
+    StoreError::Unreadable {
+        page: page as u64,
+        source,
     }
 }
 

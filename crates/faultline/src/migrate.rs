@@ -603,7 +603,9 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
         if whole.is_err() {
             for j in i..i + n {
                 // Parked now (or, if it cannot be, left resident).
-                keep[j] = crate::reclaim::park(core, r, todo[j].page, todo[j].old);
+                keep[j] = pagemove::park(core, r, todo[j].page, todo[j].old)
+                    .map_err(|e| core.record(e))
+                    .is_ok();
             }
         }
         i += n;

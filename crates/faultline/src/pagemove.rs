@@ -426,13 +426,6 @@ pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, Sys
     core.pagemap.any_data(addr, addr + len).map(|any| !any)
 }
 
-/// Whether every page of `[addr, addr + len)` holds data.
-pub(crate) fn is_whole(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
-    let mut v = Vec::new();
-    core.pagemap.has_data(addr, len / PAGE_SIZE, &mut v)?;
-    Ok(!v.contains(&false))
-}
-
 /// Gathers page `page` of `r`, recorded in frame slot `slot`, back into the
 /// slot: every 4 KiB page still in the region moves to the slot; slot pages
 /// that hold nothing — the program dropped them (`MADV_DONTNEED`) after they
@@ -486,6 +479,28 @@ pub(crate) fn recollect(
         .refaulted_dropped
         .fetch_add(holes.len() as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(holes.len())
+}
+
+/// Parks resident `page` of `r` (frame `f`): moves it out to its frame's
+/// slot; if the program dropped part of it, gathers what is left and refills
+/// the holes ([`recollect`]). On success the page is recorded parked; on
+/// failure it stays resident and the cause is returned. The caller holds
+/// the page's lock.
+pub(crate) fn park(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    f: u32,
+) -> Result<(), crate::FaultError> {
+    let slot = core.pool.slot_addr(f);
+    let addr = r.page_addr(page);
+    // SAFETY: the page is resident under its lock and its frame's slot is
+    // the hole it left; faultline holds no reference into either.
+    if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
+        recollect(core, r, page, slot)?;
+    }
+    r.set_state(page, crate::region::PageState::Parked(f));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -196,8 +196,9 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
     }
     match r.state(page) {
         PageState::Resident(f) => {
-            if park(core, r, page, f) {
-                Stats::bump(&core.stats.parked);
+            match pagemove::park(core, r, page, f) {
+                Ok(()) => Stats::bump(&core.stats.parked),
+                Err(e) => core.record(e),
             }
             0
         }
@@ -234,30 +235,4 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
         }
         PageState::Absent | PageState::Poisoned | PageState::Gone => 0,
     }
-}
-
-/// Parks resident `page` of `r` (frame `f`): moves it out to its frame's
-/// slot; if the program dropped part of it, gathers what is left and refills
-/// the holes ([`pagemove::recollect`]). Returns whether it is parked. The
-/// caller holds the page's lock.
-pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> bool {
-    let slot = core.pool.slot_addr(f);
-    let addr = r.page_addr(page);
-    // SAFETY: the page is resident under its lock and its frame's slot is
-    // the hole it left; faultline holds no reference into either.
-    let moved = unsafe { pagemove::move_out(core, slot, addr, r.page_size.bytes()) };
-    let parked = match moved {
-        Ok(()) => true,
-        Err(_) => match pagemove::recollect(core, r, page, slot) {
-            Ok(_) => true,
-            Err(e) => {
-                core.record(e);
-                false
-            }
-        },
-    };
-    if parked {
-        r.set_state(page, PageState::Parked(f));
-    }
-    parked
 }

@@ -123,16 +123,30 @@ impl FaultLocks {
         indices.sort_unstable();
         indices.dedup();
         let deadline = Instant::now() + limit;
-        let mut guards = Vec::with_capacity(indices.len());
-        for &i in indices.iter() {
-            // A timed lock queues like any waiter (parking_lot hands the lock
-            // on fairly under contention), so only a holder that never lets
-            // go — not a busy table — makes it give up.
-            let mut g = self.locks[i & self.mask].try_lock_until(deadline)?;
-            g.acquisitions += 1;
-            guards.push(g);
-        }
-        Some(guards)
+        indices
+            .iter()
+            .map(|&i| self.lock_index_until(i, deadline))
+            .collect()
+    }
+
+    /// [`FaultLocks::lock`], giving up after `limit` (see
+    /// [`FaultLocks::lock_all_within`]).
+    pub fn lock_within(
+        &self,
+        domain: u64,
+        page: u64,
+        limit: std::time::Duration,
+    ) -> Option<FaultGuard<'_>> {
+        self.lock_index_until(self.index(domain, page), Instant::now() + limit)
+    }
+
+    /// A timed lock queues like any waiter (parking_lot hands the lock on
+    /// fairly under contention), so only a holder that never lets go — not
+    /// a busy table — makes it give up.
+    fn lock_index_until(&self, index: usize, deadline: Instant) -> Option<FaultGuard<'_>> {
+        let mut g = self.locks[index & self.mask].try_lock_until(deadline)?;
+        g.acquisitions += 1;
+        Some(g)
     }
 
     fn lock_index(&self, index: usize) -> FaultGuard<'_> {

@@ -492,12 +492,12 @@ fn refault(
     f: u32,
 ) -> Option<Resolution> {
     let at = fault_addr & !(PAGE_SIZE - 1);
-    match pagemove::is_whole(core, at, PAGE_SIZE) {
-        Ok(true) => {
+    match pagemove::is_empty(core, at, PAGE_SIZE) {
+        Ok(false) => {
             wake(core, region, page);
             return Some(Resolution::AlreadyMapped);
         }
-        Ok(false) => {}
+        Ok(true) => {}
         Err(e) => {
             let addr = region.page_addr(page);
             return Some(poison(
