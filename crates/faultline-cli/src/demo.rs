@@ -5,8 +5,8 @@
 //! page verified after evictions; prints throughput and stats.
 
 use crate::bench::{progress, rng};
-use anyhow::{bail, Context};
-use faultline::store::Zero;
+use anyhow::bail;
+use faultline::store::{FileOptions, Zero};
 use faultline::{Manager, MapOptions, PageSize};
 use std::time::Instant;
 
@@ -63,9 +63,8 @@ fn touch_region(
     });
     let secs = t.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    let bytes = region.as_slice();
     for &p in &order {
-        let got = u64::from_ne_bytes(bytes[p * ps..p * ps + 8].try_into().context("8 bytes")?);
+        let got = region.load_u64(p * ps)?;
         if got != stamp(p) {
             bail!("page {p} of the {what} region lost its data: {got:#x}");
         }
@@ -142,7 +141,7 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
     let result = (|| -> anyhow::Result<()> {
         let region = mm.map(
             len,
-            faultline::store::File::open(&path, 0, true)?,
+            faultline::store::File::open(&path, FileOptions::new().writable(true))?,
             MapOptions::new(),
         )?;
         let pages = len / 4096;
@@ -170,7 +169,8 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
                                     unsafe { a.write_volatile(stamp(p)) };
                                     mine.push(p);
                                 } else {
-                                    // SAFETY: inside the region.
+                                    // SAFETY: inside the region; page p is this
+                                    // thread's, so no other thread writes it.
                                     let v = unsafe { a.read_volatile() };
                                     std::hint::black_box(v);
                                 }
@@ -202,13 +202,8 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
         let elapsed = t.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let after = mm.stats();
-        let bytes = region.as_slice();
         for p in written.iter().flatten() {
-            let got = u64::from_ne_bytes(
-                bytes[p * 4096..p * 4096 + 8]
-                    .try_into()
-                    .context("8 bytes")?,
-            );
+            let got = region.load_u64(p * 4096)?;
             if got != stamp(*p) {
                 bail!("page {p} of the dataset lost its data: {got:#x}");
             }

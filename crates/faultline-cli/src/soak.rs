@@ -8,8 +8,8 @@
 
 use crate::bench::rng;
 use anyhow::{bail, Context};
-use faultline::store::File;
-use faultline::{Manager, MapOptions};
+use faultline::store::{File, FileOptions};
+use faultline::{Access, Manager, MapOptions, Region};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -45,22 +45,16 @@ fn stamp(page: usize, version: u32) -> u64 {
     (((page as u64) << 32) | u64::from(version)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-/// Reads the first and last word of `page` of the region at `base`.
-fn words(base: usize, page: usize) -> (u64, u64) {
-    let p = base + page * PAGE;
-    // SAFETY: `page` lies inside the live region mapped at `base`.
-    unsafe {
-        (
-            (p as *const u64).read_volatile(),
-            ((p + PAGE - 8) as *const u64).read_volatile(),
-        )
-    }
+/// Reads the first and last word of `page` of `r`.
+fn words<A: Access>(r: &Region<A>, page: usize) -> anyhow::Result<(u64, u64)> {
+    let p = page * PAGE;
+    Ok((r.load_u64(p)?, r.load_u64(p + PAGE - 8)?))
 }
 
-/// Checks `page` holds `version`'s stamp in its first and last word.
-fn check(base: usize, page: usize, version: u32, what: &str) -> anyhow::Result<()> {
+/// Checks `page` of `r` holds `version`'s stamp in its first and last word.
+fn check<A: Access>(r: &Region<A>, page: usize, version: u32, what: &str) -> anyhow::Result<()> {
     let want = stamp(page, version);
-    let (a, b) = words(base, page);
+    let (a, b) = words(r, page)?;
     if a != want || b != want {
         bail!("{what}: page {page} holds {a:#x}/{b:#x}, want version {version} ({want:#x}): data lost");
     }
@@ -108,8 +102,8 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
     let deadline = t0 + Duration::from_secs_f64(o.secs);
     let stats = {
         let mm = Manager::builder().budget(budget).workers(2).build()?;
-        let r = mm.map(pages * PAGE, File::open(path, 0, true)?, MapOptions::new())?;
-        let base = r.addr();
+        let store = File::open(path, FileOptions::new().writable(true))?;
+        let r = mm.map(pages * PAGE, store, MapOptions::new())?;
         let outcome: anyhow::Result<()> = std::thread::scope(|s| {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
@@ -121,7 +115,7 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
             });
             let workers: Vec<_> = (0..o.threads)
                 .map(|t| {
-                    let (versions, done, stop) = (&versions, &done, &stop);
+                    let (r, versions, done, stop) = (&r, &versions, &done, &stop);
                     s.spawn(move || -> anyhow::Result<()> {
                         let mut next = rng(o.seed.wrapping_mul(31) + t as u64 + 1);
                         let mine = pages.div_ceil(o.threads);
@@ -131,16 +125,12 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
                                 continue;
                             }
                             let v = versions[p].load(Ordering::Relaxed) as u32;
-                            check(base, p, v, "soak read")?;
+                            check(r, p, v, "soak read")?;
                             if next() % 2 == 0 {
+                                // Page p belongs to this thread alone.
                                 let s = stamp(p, v + 1);
-                                let a = base + p * PAGE;
-                                // SAFETY: page p of the live region belongs
-                                // to this thread alone.
-                                unsafe {
-                                    (a as *mut u64).write_volatile(s);
-                                    ((a + PAGE - 8) as *mut u64).write_volatile(s);
-                                }
+                                r.store_u64(p * PAGE, s)?;
+                                r.store_u64(p * PAGE + PAGE - 8, s)?;
                                 versions[p].store(u64::from(v + 1), Ordering::Relaxed);
                             }
                             let n = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -174,14 +164,13 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
     let secs = t0.elapsed().as_secs_f64();
     // A fresh manager reads the file back: every page its last version.
     let mm = Manager::builder().budget(budget).workers(2).build()?;
-    let r = mm.map(pages * PAGE, File::open(path, 0, false)?, MapOptions::new())?;
+    let r = mm.map_read_only(
+        pages * PAGE,
+        File::open(path, FileOptions::new())?,
+        MapOptions::new(),
+    )?;
     for (p, v) in versions.iter().enumerate() {
-        check(
-            r.addr(),
-            p,
-            v.load(Ordering::Relaxed) as u32,
-            "after reopening",
-        )?;
+        check(&r, p, v.load(Ordering::Relaxed) as u32, "after reopening")?;
     }
     let ops = done.load(Ordering::Relaxed);
     if o.json {

@@ -7,9 +7,9 @@
 #![allow(missing_docs)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use faultline::frame::{AllocConfig, FrameAlloc, FrameAllocator};
+use faultline::internals::{AllocConfig, FrameAlloc, FrameAllocator};
 use faultline::store::Zero;
-use faultline::{Config, LookupCache, Manager, MapOptions};
+use faultline::{LookupCache, Manager, MapOptions};
 
 fn alloc(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc");
@@ -56,13 +56,7 @@ fn alloc(c: &mut Criterion) {
 }
 
 fn lookup(c: &mut Criterion) {
-    let mm = match Manager::builder()
-        .config(Config {
-            budget: 16 << 20,
-            ..Config::default()
-        })
-        .build()
-    {
+    let mm = match Manager::builder().budget(16 << 20).build() {
         Ok(mm) => mm,
         Err(e) => panic!("the lookup bench needs userfaultfd: {e}"),
     };
@@ -104,9 +98,9 @@ fn copy(c: &mut Criterion) {
     g.throughput(criterion::Throughput::Bytes(HUGE as u64));
     type CopyFn = fn(&mut [u8], &[u8]);
     let kinds: [(&str, CopyFn); 3] = [
-        ("per-page", faultline::migrate::copy_per_page),
+        ("per-page", faultline::internals::copy_per_page),
         ("memcpy", |d, s| d.copy_from_slice(s)),
-        ("nontemporal", faultline::migrate::copy_large),
+        ("nontemporal", faultline::internals::copy_large),
     ];
     for (name, f) in kinds {
         let mut at = 0;
@@ -128,7 +122,7 @@ fn fingerprint(c: &mut Criterion) {
         let page: Vec<u8> = (0..len).map(|i| (i * 31) as u8).collect();
         g.throughput(criterion::Throughput::Bytes(len as u64));
         g.bench_function(name, |b| {
-            b.iter(|| faultline::dirty::fingerprint(black_box(&page)))
+            b.iter(|| faultline::internals::fingerprint(black_box(&page)))
         });
     }
     g.finish();

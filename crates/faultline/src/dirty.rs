@@ -73,17 +73,17 @@ impl Fingerprints {
         self.words[2 * page].store(v as u64, Ordering::Relaxed);
         self.words[2 * page + 1].store((v >> 64) as u64, Ordering::Relaxed);
     }
-
-    /// Whether `bytes`, the current content of `page`, equal the store's
-    /// copy (so need no write-back). Caller holds the page's lock.
-    pub(crate) fn is_clean(&self, page: usize, bytes: &[u8]) -> bool {
-        self.get(page) == Some(fingerprint(bytes))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Fingerprints {
+        fn is_clean(&self, page: usize, bytes: &[u8]) -> bool {
+            self.get(page) == Some(fingerprint(bytes))
+        }
+    }
 
     #[test]
     fn clean_until_a_byte_changes() {

@@ -9,7 +9,12 @@
 //! content, and the pool's zero bit for it is clear (it is about to be
 //! mapped and written). No locks: the caller owns the frame.
 
+use crate::config::FillOrder;
+use crate::core::Core;
+use crate::frame::FrameAllocator;
 use crate::frame::{Frame, Pool};
+use crate::memops::{clear, clear_rep_stosb};
+use crate::stats::Stats;
 use crate::store::{Store, StoreError};
 
 /// Where a filled frame's content came from.
@@ -21,33 +26,6 @@ pub enum FillSource {
     Prezeroed,
     /// Read from the region's store.
     Store,
-}
-
-/// In which order the sub-pages of a huge frame are filled (seed 000).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum FillOrder {
-    /// Begin to end, with non-temporal stores (the fastest clear here; the
-    /// frame ends up out of cache).
-    Sequential,
-    /// Huang Ying's order (`process_huge_page`): the sub-pages farthest from
-    /// the faulting one first, then converging left-right on it, so it is
-    /// filled last and cache hot; cached stores (`rep stosb`).
-    TargetLast,
-    /// Sequential with non-temporal stores, except a window of
-    /// [`NEIGHBOURHOOD`] sub-pages around the faulting one, filled last with
-    /// cached stores (the kernel's order for small folios since 2026).
-    NeighbourhoodLast,
-}
-
-impl FillOrder {
-    /// Short name, as in the benchmark's rows.
-    pub fn name(self) -> &'static str {
-        match self {
-            FillOrder::Sequential => "sequential",
-            FillOrder::TargetLast => "target-last",
-            FillOrder::NeighbourhoodLast => "neighbourhood-last",
-        }
-    }
 }
 
 /// Sub-pages (4 KiB) in the window that `NeighbourhoodLast` fills last.
@@ -129,65 +107,6 @@ pub fn clear_ordered(buf: &mut [u8], target: usize, order: FillOrder) {
     }
 }
 
-/// Frames at least this large are cleared with non-temporal stores.
-pub const NONTEMPORAL_MIN: usize = 64 << 10;
-
-/// Sets every byte of `buf` to zero with the fastest routine measured here:
-/// non-temporal stores for large buffers (a 2 MiB frame: 95 µs against
-/// 198 µs for `rep stosb` and 204 µs for glibc's `memset` on this VM, because
-/// the frame is not in cache and streaming stores skip the read-for-ownership;
-/// they also leave nothing in cache, which suits a page the application will
-/// touch sparsely), `rep stosb` for small ones (a 4 KiB page the application
-/// is about to touch is better left in cache).
-pub fn clear(buf: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if buf.len() >= NONTEMPORAL_MIN && (buf.as_ptr() as usize) % 16 == 0 && buf.len() % 16 == 0 {
-        clear_nontemporal(buf);
-        return;
-    }
-    clear_rep_stosb(buf);
-}
-
-/// Clears with SSE2 streaming stores (16 bytes each), then `sfence` so the
-/// zeros are globally visible before the frame is moved.
-#[cfg(target_arch = "x86_64")]
-fn clear_nontemporal(buf: &mut [u8]) {
-    use std::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
-    debug_assert!(buf.as_ptr() as usize % 16 == 0 && buf.len() % 16 == 0);
-    let p = buf.as_mut_ptr().cast::<__m128i>();
-    // SAFETY: SSE2 is part of the x86_64 baseline; this only makes a value.
-    let zero = unsafe { _mm_setzero_si128() };
-    for i in 0..buf.len() / 16 {
-        // SAFETY: `p + i` lies inside `buf` (i < len / 16), is 16-byte aligned
-        // (checked by the caller), and we hold `buf` exclusively. SSE2 is part
-        // of the x86_64 baseline.
-        unsafe { _mm_stream_si128(p.add(i), zero) };
-    }
-    // SAFETY: sfence only orders stores.
-    unsafe { _mm_sfence() };
-}
-
-/// Clears with `rep stosb` (x86_64) or a plain fill.
-pub fn clear_rep_stosb(buf: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: `rep stosb` writes exactly rcx = buf.len() bytes of al = 0
-        // starting at rdi = buf.as_mut_ptr(), all inside `buf`, which we hold
-        // exclusively; the direction flag is clear per the ABI.
-        unsafe {
-            std::arch::asm!(
-                "rep stosb",
-                inout("rcx") buf.len() => _,
-                inout("rdi") buf.as_mut_ptr() => _,
-                in("al") 0u8,
-                options(nostack, preserves_flags)
-            );
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    buf.fill(0);
-}
-
 /// Fills `frame` with the content of page `page` of a region backed by
 /// `store`; `target` is the byte offset in the frame of the faulting access,
 /// and `order` the sub-page order for clearing a huge frame. A frame of
@@ -221,6 +140,48 @@ pub unsafe fn fill(
     };
     pool.set_zeroed(frame, false);
     Ok(source)
+}
+
+/// The zeroing worker: keeps `prezero_reserve` zeroed 2 MiB frames ready,
+/// at the lowest CPU priority, leaving at least twice the reserve free in
+/// the pool for faults.
+pub(crate) fn run_zeroer(core: &Core) {
+    let _ = faultline_sys::host::set_thread_nice(19);
+    let want = core.config.prezero_reserve;
+    let keep_free = 2 * want * crate::frame::PAGES_PER_HUGE;
+    loop {
+        {
+            let mut r = core.reserve.lock();
+            while !core.is_stopping() && (r.len() >= want || core.alloc.free_hint() < keep_free) {
+                // Timed: free memory may come back without a notify.
+                core.reserve_cv
+                    .wait_for(&mut r, std::time::Duration::from_millis(20));
+            }
+        }
+        if core.is_stopping() {
+            return;
+        }
+        // Relaxed: a fault that finds the pool empty because this thread
+        // took the frame sees it, through the allocator's zone lock (taken
+        // after this store here, before the fault's failed allocation).
+        core.zeroing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let Some(mut f) = core.alloc.alloc(crate::frame::HUGE_ORDER) else {
+            core.zeroing
+                .store(false, std::sync::atomic::Ordering::Release);
+            continue;
+        };
+        if !core.pool.is_zeroed(&f) {
+            // SAFETY: `f` was just allocated: this thread owns it.
+            crate::memops::clear(unsafe { core.pool.bytes_mut(&mut f) });
+            core.pool.set_zeroed(&f, true);
+        }
+        Stats::bump(&core.stats.prezeroed_made);
+        core.reserve.lock().push(f);
+        // Release: pairs with the Acquire load in `Core::await_zeroing`.
+        core.zeroing
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 #[cfg(test)]
@@ -272,24 +233,5 @@ mod tests {
             clear_ordered(b, 17 * 4096 + 5, order);
             assert!(v.iter().all(|&w| w == 0), "{order:?}");
         }
-    }
-
-    #[test]
-    fn clear_clears_exactly() {
-        let mut v = vec![0xffu8; 10_000];
-        clear(&mut v[3..9_001]);
-        assert!(v[..3].iter().all(|&b| b == 0xff));
-        assert!(v[3..9_001].iter().all(|&b| b == 0));
-        assert!(v[9_001..].iter().all(|&b| b == 0xff));
-        clear(&mut []);
-        // Large and aligned: the non-temporal path.
-        let mut big = vec![u64::MAX; (NONTEMPORAL_MIN * 2) / 8 + 2];
-        // SAFETY: reinterpreting a u64 buffer as bytes; u8 has no invalid values.
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(big.as_mut_ptr().cast::<u8>(), big.len() * 8) };
-        clear(&mut bytes[16..16 + NONTEMPORAL_MIN * 2]);
-        assert_eq!(big[0], u64::MAX);
-        assert_eq!(big[1], u64::MAX);
-        assert!(big[2..2 + NONTEMPORAL_MIN * 2 / 8].iter().all(|&w| w == 0));
     }
 }

@@ -3,41 +3,73 @@
 //! Programs map *managed regions*; the first touch of a page faults
 //! (userfaultfd) into faultline's worker threads, which take a frame from
 //! faultline's own pool, fill it (zeros, or the page's data from the region's
-//! store) and move it into place with `UFFDIO_MOVE`, without copying.
+//! store) and move it into place with `UFFDIO_MOVE`, without copying. Under
+//! the memory budget, reclaim parks cold pages, writes dirty ones back and
+//! reuses their frames.
 //!
 //! ```no_run
-//! use faultline::{Manager, MapOptions, PageSize, store::Zero};
+//! use faultline::{store::Zero, Manager, MapOptions, PageSize};
 //! let mm = Manager::builder().budget(256 << 20).workers(2).build()?;
-//! let mut r = mm.map(64 << 20, Zero, MapOptions::new().page_size(PageSize::Huge2M))?;
-//! r.as_mut_slice()[12345] = 7; // faults one 2 MiB page in
+//! let r = mm.map(64 << 20, Zero, MapOptions::new().page_size(PageSize::Huge2M))?;
+//! r.write_at(12345, b"hello")?; // faults one 2 MiB page in
+//! let mut buf = [0u8; 5];
+//! r.read_at(12345, &mut buf)?;
+//! assert_eq!(&buf, b"hello");
 //! println!("{}", mm.stats());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Components, one module each: [`config`], [`region`] (the region table),
-//! [`frame`] (pool and allocator), [`fault`] (service and its locks),
-//! [`fill`], [`store`], [`dirty`], [`migrate`], [`stats`]; [`manager`] ties them together. Only
-//! `faultline-sys` makes system calls.
+//! The public API is [`Manager`], [`ManagerBuilder`], [`Region`], the
+//! [`Store`] trait with its stores in [`store`], [`Config`] and the errors.
+//! The modules behind it, lowest layer first (each imports only from the
+//! layers before it; `tests/layers.rs` checks this): `sync`, `memops`,
+//! `dirty` → `config` → `store` → `error` → `locks`, `stats`, `frame` →
+//! `region` → `copyjob` → `core` → `pagemove` → `fill`, `writeback` →
+//! `reclaim` → `migrate` → `fault` → `api`. docs/design.md has the map.
+//! Only `faultline-sys` makes system calls.
 
-pub mod config;
-pub mod dirty;
-pub mod fault;
-pub mod fill;
-pub mod frame;
-pub mod manager;
-pub mod migrate;
+mod api;
+mod config;
+mod copyjob;
+mod core;
+mod dirty;
+mod error;
+mod fault;
+mod fill;
+mod frame;
+mod locks;
+mod memops;
+mod migrate;
 mod pagemove;
 mod reclaim;
-pub mod region;
-pub mod stats;
+mod region;
+mod stats;
 pub mod store;
 mod sync;
+mod writeback;
 
-pub use config::{Config, ConfigError, CopyMethod, LockMode, MapOptions, PageSize, PoolSpec};
-pub use fault::FaultError;
+pub use api::{Access, Manager, ManagerBuilder, ReadOnly, ReadWrite, Region};
+pub use config::{
+    Config, ConfigError, CopyMethod, Experiment, FillOrder, LockMode, LookupCache, MapOptions,
+    PageSize, PoolSpec,
+};
+pub use error::{AddrError, BuildError, FaultError, MapError};
 pub use frame::PoolId;
-pub use manager::{AddrError, BuildError, Manager, ManagerBuilder, MapError, Region};
+pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};
-pub use region::table::LookupCache;
 pub use stats::StatsSnapshot;
 pub use store::{Store, StoreError};
+
+/// Internals for faultline's own benchmarks (`faultline bench`, criterion):
+/// the frame allocator, the copy and fingerprint routines, the region
+/// table's lookup counters, a delaying store. Not part of the API: behind
+/// the `bench-internals` feature and hidden from the docs.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::dirty::fingerprint;
+    pub use crate::fill::NEIGHBOURHOOD;
+    pub use crate::frame::{AllocConfig, Frame, FrameAlloc, FrameAllocator};
+    pub use crate::memops::{copy_large, copy_per_page};
+    pub use crate::region::table::{reset_thread_counters, thread_counters, LookupCounters};
+}

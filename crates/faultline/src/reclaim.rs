@@ -19,7 +19,7 @@
 //! are dropped without write-back: writes to such a region are not kept.
 //!
 //! Driven two ways: a fault that finds no free frame reclaims synchronously
-//! (`Core::alloc_or_reclaim`), and a background thread keeps free memory
+//! ([`alloc`]), and a background thread keeps free memory
 //! between the low and high watermarks of the config.
 //!
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
@@ -30,23 +30,101 @@
 //! mutex is a leaf held only to read and store the hand.
 
 use crate::config::PageSize;
-use crate::fault::FaultError;
+use crate::core::Core;
+use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
-use crate::manager::Core;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
+use crate::writeback;
 use faultline_sys::PAGE_SIZE;
 
-/// Where the clock hand stands: the start address of a region and a page.
-#[derive(Debug, Default)]
-pub(crate) struct Hand {
-    region_start: usize,
-    page: usize,
+/// Allocates a frame of `order`; if none is free, gives the pre-zeroed
+/// reserve back to the allocator (its frames stay marked zero), then
+/// reclaims synchronously, trying again after each step. `held` is the
+/// index of the fault lock the caller holds, if any.
+pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame> {
+    if let Some(f) = core.alloc.alloc(order) {
+        return Some(f);
+    }
+    if core.drain_reserve() > 0 {
+        if let Some(f) = core.alloc.alloc(order) {
+            return Some(f);
+        }
+    }
+    // The zeroing worker may hold the last free frame while it clears it (a
+    // budget exactly the size of what is touched): wait for it to publish.
+    if core.await_zeroing() && core.drain_reserve() > 0 {
+        if let Some(f) = core.alloc.alloc(order) {
+            return Some(f);
+        }
+    }
+    if !core.config.reclaim {
+        return None;
+    }
+    // Each pass parks what it passes and evicts what it parked on the
+    // previous one, so a few passes free memory even when every page is
+    // resident.
+    let want = (1usize << order).max(core.config.experiment.pcp_batch);
+    for _ in 0..4 {
+        let freed = reclaim(core, want, held, || false);
+        if let Some(f) = core.alloc.alloc(order) {
+            return Some(f);
+        }
+        if freed == 0 && core.table.regions().iter().all(|r| r.store.is_zero()) {
+            return None;
+        }
+    }
+    // Still nothing: the reclaimable pages may be under fault locks other
+    // workers hold for a moment (with a budget of a few frames, two
+    // concurrent faults can hold every one), or the frames just freed
+    // went to another fault. Wait for them rather than fail the fault —
+    // up to 2 s, then the fault is refused (SIGBUS, cause queued).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        reclaim(core, want, held, || false);
+        if let Some(f) = core.alloc.alloc(order) {
+            Stats::bump(&core.stats.reclaim_waits);
+            return Some(f);
+        }
+    }
+    None
+}
+
+/// The background reclaimer: wakes every 10 ms and, when free memory is
+/// below the low watermark, reclaims up to the high one.
+pub(crate) fn run(core: &Core) {
+    let pages = core.alloc.pages_in(0);
+    let low = pages * core.config.reclaim_low_pct / 100;
+    let high = pages * core.config.reclaim_high_pct / 100;
+    loop {
+        {
+            let mut r = core.reserve.lock();
+            if !core.is_stopping() {
+                core.reserve_cv
+                    .wait_for(&mut r, std::time::Duration::from_millis(10));
+            }
+        }
+        if core.is_stopping() {
+            return;
+        }
+        let mut free = core.alloc.free_hint();
+        if free < low {
+            // Pre-zeroed frames are free memory first (the zeroing
+            // worker makes more once memory is plentiful again).
+            if core.drain_reserve() > 0 {
+                free = core.alloc.free_hint();
+            }
+        }
+        if free < low {
+            reclaim(core, high - free, None, || core.alloc.free_hint() >= high);
+        }
+    }
 }
 
 fn reclaimable(r: &RegionInner) -> bool {
-    !r.store.is_zero() && !r.dying()
+    !r.store.is_zero() && !r.pinned && !r.dying()
 }
 
 /// Advances the clock until `want` 4 KiB pages' worth of frames were freed,
@@ -208,18 +286,13 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
                 // SAFETY: a parked frame belongs to its page, whose lock we
                 // hold: nobody else reads or writes it, and it is populated.
                 let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
-                if r.fps.as_ref().is_some_and(|fps| fps.is_clean(page, bytes)) {
-                    // The store holds these bytes already (crate::dirty).
-                    Stats::bump(&core.stats.clean_skipped);
-                } else if let Err(e) = r.store.write(page as u64, bytes) {
+                if let Err(e) = writeback::put(core, r, page, bytes) {
                     // Keep the data: the page stays parked.
                     core.record(FaultError::Store {
                         addr: r.page_addr(page),
                         source: e,
                     });
                     return 0;
-                } else {
-                    Stats::bump(&core.stats.written_back);
                 }
             }
             core.pool.set_zeroed(&frame, false);

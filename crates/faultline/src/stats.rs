@@ -10,7 +10,7 @@
 //! sees adds the kernel's queueing and the wake-ups (see `faultline bench
 //! fault` for that).
 
-use crate::fault::locks::LockStat;
+use crate::locks::LockStat;
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -50,6 +50,7 @@ pub struct Stats {
     pub(crate) migrate_left_parked: AtomicU64,
     pub(crate) unmapped_by_program: AtomicU64,
     pub(crate) poison_retries: AtomicU64,
+    pub(crate) standby_serves: AtomicU64,
     pub(crate) errors_dropped: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
@@ -95,6 +96,7 @@ impl Stats {
             migrate_left_parked: AtomicU64::new(0),
             unmapped_by_program: AtomicU64::new(0),
             poison_retries: AtomicU64::new(0),
+            standby_serves: AtomicU64::new(0),
             errors_dropped: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
@@ -155,6 +157,7 @@ impl Stats {
             migrate_left_parked: r(&self.migrate_left_parked),
             unmapped_by_program: r(&self.unmapped_by_program),
             poison_retries: r(&self.poison_retries),
+            standby_serves: r(&self.standby_serves),
             errors_dropped: r(&self.errors_dropped),
             copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
@@ -270,6 +273,9 @@ pub struct StatsSnapshot {
     pub unmapped_by_program: u64,
     /// Faults on poisoned pages served again (the store gets another try).
     pub poison_retries: u64,
+    /// Events the standby worker handled while every worker was inside a
+    /// store call (a store that reads another region, or a slow store).
+    pub standby_serves: u64,
     /// Fault errors dropped from the full error queue (the oldest go).
     pub errors_dropped: u64,
     /// Migration copy chunks done by idle fault workers.

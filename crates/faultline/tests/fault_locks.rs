@@ -9,16 +9,14 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::MIB;
+use common::{byte, MIB};
 
 fn manager(workers: usize, locks: LockMode, budget: usize) -> Manager {
-    let config = Config {
-        budget,
-        workers,
-        fault_locks: (2 * workers).next_power_of_two(),
-        locks,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.budget = budget;
+    config.workers = workers;
+    config.experiment.fault_locks = Some((2 * workers).next_power_of_two());
+    config.experiment.locks = locks;
     common::manager_with(config)
 }
 
@@ -90,6 +88,50 @@ impl Store for Counting {
     }
 }
 
+/// A handle on a shared [`Counting`] store, so that regions can map it
+/// read-only (`map_read_only` takes the store by value) while the test keeps
+/// its counters: every call goes to the shared store.
+#[derive(Debug)]
+struct Shared(Arc<Counting>);
+
+impl Store for Shared {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn is_zero(&self) -> bool {
+        self.0.is_zero()
+    }
+
+    fn writable(&self) -> bool {
+        self.0.writable()
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read(page, buf)
+    }
+
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read_pages(first, page_size, buf)
+    }
+
+    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.0.write(page, buf)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.0.flush()
+    }
+
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        self.0.will_read(first, pages, page_size);
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.0.identity()
+    }
+}
+
 /// Many threads fault the same pages and their neighbours at once: every
 /// page is read from the store exactly once, and every thread sees its data.
 #[test]
@@ -103,9 +145,9 @@ fn each_page_filled_exactly_once() {
         let store = Arc::new(Counting::new(Duration::from_micros(500), None));
         let pages = 8;
         let r = mm
-            .map_shared(
+            .map_read_only(
                 pages * size.bytes(),
-                store.clone(),
+                Shared(store.clone()),
                 MapOptions::new().page_size(size),
             )
             .expect("map");
@@ -119,9 +161,7 @@ fn each_page_filled_exactly_once() {
                     for i in 0..pages {
                         // Half the threads walk forwards, half backwards.
                         let p = if t % 2 == 0 { i } else { pages - 1 - i };
-                        let ptr = (r.addr() + p * size.bytes()) as *const u64;
-                        // SAFETY: inside the region, 8-byte aligned.
-                        let v = unsafe { ptr.read_volatile() };
+                        let v = r.load_u64(p * size.bytes()).expect("load_u64");
                         assert_eq!(v, p as u64 + 1, "thread {t}, page {p}");
                     }
                 });
@@ -149,10 +189,10 @@ fn regions_over_one_object_share_page_locks() {
     let mm = manager(8, LockMode::Hashed, 32 * MIB);
     let store = Arc::new(Counting::new(Duration::from_millis(2), Some(0xfeed)));
     let a = mm
-        .map_shared(4 * 4096, store.clone(), MapOptions::new())
+        .map_read_only(4 * 4096, Shared(store.clone()), MapOptions::new())
         .expect("map");
     let b = mm
-        .map_shared(4 * 4096, store.clone(), MapOptions::new())
+        .map_read_only(4 * 4096, Shared(store.clone()), MapOptions::new())
         .expect("map");
     let barrier = Barrier::new(8);
     std::thread::scope(|s| {
@@ -162,8 +202,7 @@ fn regions_over_one_object_share_page_locks() {
                 barrier.wait();
                 let r = if t % 2 == 0 { a } else { b };
                 for p in 0..4 {
-                    // SAFETY: inside the region.
-                    let v = unsafe { ((r.addr() + p * 4096) as *const u64).read_volatile() };
+                    let v = r.load_u64(p * 4096).expect("load_u64");
                     assert_eq!(v, p as u64 + 1);
                 }
             });
@@ -185,8 +224,10 @@ fn regions_over_one_object_share_page_locks() {
 fn slow_store_does_not_serialize_other_pages() {
     let latency = Duration::from_millis(50);
     let mm = manager(8, LockMode::Hashed, 64 * MIB);
+    // `Delayed` is never a zero store and `Zero` keeps no writes: a
+    // read-only region (the test only reads).
     let r = mm
-        .map(8 * 4096, Delayed::new(Zero, latency), MapOptions::new())
+        .map_read_only(8 * 4096, Delayed::new(Zero, latency), MapOptions::new())
         .expect("map");
     let barrier = Barrier::new(8);
     let t = Instant::now();
@@ -195,8 +236,7 @@ fn slow_store_does_not_serialize_other_pages() {
             let (r, barrier) = (&r, &barrier);
             s.spawn(move || {
                 barrier.wait();
-                // SAFETY: inside the region.
-                unsafe { ((r.addr() + i * 4096) as *const u8).read_volatile() };
+                byte(r, i * 4096);
             });
         }
     });

@@ -5,20 +5,20 @@
 
 use faultline::store::Zero;
 use faultline::{AddrError, BuildError, ConfigError, Manager, MapError, MapOptions, PageSize};
+use std::sync::atomic::Ordering;
 use std::sync::Barrier;
 
 mod common;
-use common::{kernel_read, rng, settled, MIB};
+use common::{byte, kernel_read, rng, set_byte, settled, MIB};
 
 fn manager(budget: usize) -> Manager {
-    common::manager_with(faultline::Config {
-        budget,
-        workers: std::env::var("FL_WORKERS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2),
-        ..faultline::Config::default()
-    })
+    let mut c = faultline::Config::default();
+    c.budget = budget;
+    c.workers = std::env::var("FL_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    common::manager_with(c)
 }
 
 fn pattern(page: usize, thread: usize) -> u8 {
@@ -34,9 +34,9 @@ fn random_touch(page_size: PageSize, len: usize) {
         .expect("map");
     let ps = page_size.bytes();
     let pages = len / ps;
-    let base = r.addr();
     std::thread::scope(|s| {
         for t in 0..2usize {
+            let r = &r;
             s.spawn(move || {
                 let mut next = rng(0x1234 + t as u64);
                 let mut written = vec![false; pages];
@@ -45,10 +45,7 @@ fn random_touch(page_size: PageSize, len: usize) {
                 for _ in 0..pages * 2 {
                     let p = next() as usize % pages;
                     let off = (next() as usize % (ps / 8)) * 8;
-                    let ptr = (base + p * ps + off) as *mut u64;
-                    // SAFETY: inside the region, 8-byte aligned; the region
-                    // lives until the scope ends.
-                    let v = unsafe { ptr.read_volatile() };
+                    let v = r.atomics()[(p * ps + off) / 8].load(Ordering::Relaxed);
                     assert!(
                         v == 0 || p % 2 != t || written[p],
                         "page {p} of thread {t} not zero before first write"
@@ -56,10 +53,9 @@ fn random_touch(page_size: PageSize, len: usize) {
                     if p % 2 == t {
                         written[p] = true;
                         let pat = pattern(p, t);
-                        // SAFETY: as above; only thread t writes page p.
-                        unsafe { ((base + p * ps) as *mut u8).write_volatile(pat) };
-                        // SAFETY: as above.
-                        let back = unsafe { ((base + p * ps) as *const u8).read_volatile() };
+                        // Only thread t writes page p.
+                        set_byte(r, p * ps, pat);
+                        let back = byte(r, p * ps);
                         assert_eq!(back, pat);
                     }
                 }
@@ -76,9 +72,8 @@ fn random_touch(page_size: PageSize, len: usize) {
     assert_eq!(r.resident_pages() as u64, st.moves + st.fault_around_pages);
     // Every page written holds its pattern; every other page that was
     // touched holds zeros.
-    let bytes = r.as_slice();
     for p in 0..pages {
-        let b = bytes[p * ps];
+        let b = byte(&r, p * ps);
         assert!(b == 0 || b == pattern(p, p % 2), "page {p} holds {b}");
     }
 }
@@ -101,22 +96,19 @@ fn two_threads_race_on_one_page() {
             let r = mm
                 .map(size.bytes(), Zero, MapOptions::new().page_size(size))
                 .expect("map");
-            let base = r.addr();
             let barrier = Barrier::new(2);
             std::thread::scope(|s| {
                 for t in 0..2usize {
-                    let barrier = &barrier;
+                    let (barrier, r) = (&barrier, &r);
                     s.spawn(move || {
                         barrier.wait();
-                        let ptr = (base + t * 64) as *mut u8;
-                        // SAFETY: inside the region; each thread its own byte.
-                        unsafe { ptr.write_volatile(t as u8 + 1) };
+                        // Each thread its own byte.
+                        set_byte(r, t * 64, t as u8 + 1);
                     });
                 }
             });
-            let b = r.as_slice();
             assert_eq!(
-                (b[0], b[64]),
+                (byte(&r, 0), byte(&r, 64)),
                 (1, 2),
                 "round {round}, {size:?}: both writes land in one page"
             );
@@ -136,14 +128,13 @@ fn thousand_regions_at_once() {
         .collect();
     assert_eq!(mm.regions(), 1000);
     for (i, r) in regions.iter().enumerate() {
-        let ptr = (r.addr() + (i % 16) * 4096) as *mut u32;
-        // SAFETY: inside region i.
-        unsafe { ptr.write_volatile(i as u32) };
+        r.write_at((i % 16) * 4096, &(i as u32).to_ne_bytes())
+            .expect("write_at");
     }
     for (i, r) in regions.iter().enumerate() {
-        // SAFETY: as above.
-        let v = unsafe { ((r.addr() + (i % 16) * 4096) as *const u32).read_volatile() };
-        assert_eq!(v, i as u32);
+        let mut v = [0u8; 4];
+        r.read_at((i % 16) * 4096, &mut v).expect("read_at");
+        assert_eq!(u32::from_ne_bytes(v), i as u32);
         assert_eq!(mm.region_at(r.addr() + 100).expect("lookup").0, r.addr());
     }
     assert_eq!(settled(&mm).moves, 1000);
@@ -163,14 +154,15 @@ fn map_unmap_loop_returns_every_frame() {
         } else {
             PageSize::Huge2M
         };
-        let mut r = mm
+        let r = mm
             .map(4 * MIB, Zero, MapOptions::new().page_size(size))
             .expect("map");
-        let s = r.as_mut_slice();
-        for p in (0..s.len()).step_by(size.bytes() * 3 + 4096) {
-            s[p] = 0xa5;
+        for p in (0..r.len()).step_by(size.bytes() * 3 + 4096) {
+            set_byte(&r, p, 0xa5);
         }
-        assert!(s.iter().step_by(4096).all(|&b| b == 0 || b == 0xa5));
+        assert!((0..r.len())
+            .step_by(4096)
+            .all(|p| matches!(byte(&r, p), 0 | 0xa5)));
         assert!(mm.stats().frames_free < start);
     }
     let st = mm.stats();
@@ -185,15 +177,17 @@ fn reused_frames_are_cleared() {
     // frame the previous one dirtied, and must still read zeros.
     let mm = manager(2 * MIB);
     for i in 0..20u8 {
-        let mut r = mm
+        let r = mm
             .map(2 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
             .expect("map");
-        let s = r.as_mut_slice();
+        let mut s = vec![0xffu8; r.len()];
+        r.read_at(0, &mut s).expect("read_at");
         assert!(
             s.iter().all(|&b| b == 0),
             "round {i}: stale data in a fresh page"
         );
         s.fill(i + 1);
+        r.write_at(0, &s).expect("write_at");
     }
     let st = settled(&mm);
     assert_eq!(st.fills_prezeroed, 1, "{st}");
@@ -203,17 +197,13 @@ fn reused_frames_are_cleared() {
 #[test]
 fn dropped_page_is_served_again() {
     let mm = manager(8 * MIB);
-    let mut r = mm.map(64 << 10, Zero, MapOptions::new()).expect("map");
-    r.as_mut_slice()[0] = 9;
+    let r = mm.map(64 << 10, Zero, MapOptions::new()).expect("map");
+    set_byte(&r, 0, 9);
     let before = mm.stats().frames_free;
     // SAFETY: the region's first page, no references into it live.
-    let rc = unsafe { libc::madvise(r.as_ptr().cast(), 4096, libc::MADV_DONTNEED) };
+    let rc = unsafe { libc::madvise(r.as_mut_ptr().cast(), 4096, libc::MADV_DONTNEED) };
     assert_eq!(rc, 0);
-    assert_eq!(
-        r.as_slice()[0],
-        0,
-        "a dropped anonymous page reads zeros again"
-    );
+    assert_eq!(byte(&r, 0), 0, "a dropped anonymous page reads zeros again");
     let st = settled(&mm);
     assert_eq!(st.refaulted_dropped, 1, "{st}");
     assert_eq!(
@@ -339,9 +329,9 @@ fn unservable_fault_raises_sigbus_not_a_hang() {
             .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
             .expect("map");
         // SAFETY: inside the region.
-        unsafe { r.as_ptr().write_volatile(1) };
+        unsafe { r.as_mut_ptr().write_volatile(1) };
         // SAFETY: inside the region; this access is the one that must SIGBUS.
-        unsafe { r.as_ptr().add(2 * MIB).write_volatile(1) };
+        unsafe { r.as_mut_ptr().add(2 * MIB).write_volatile(1) };
         println!("second touch returned: no SIGBUS");
         std::process::exit(0);
     }
@@ -360,8 +350,7 @@ fn unservable_fault_is_reported() {
     let r = mm
         .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
         .expect("map");
-    // SAFETY: inside the region.
-    unsafe { r.as_ptr().write_volatile(1) };
+    set_byte(&r, 0, 1);
     assert_eq!(mm.stats().frames_free, 0);
     let second = r.addr() + 2 * MIB;
     assert_eq!(kernel_read(second), libc::EFAULT);
@@ -379,21 +368,18 @@ fn unservable_fault_is_reported() {
 #[test]
 fn fault_around_maps_aligned_runs() {
     for (fa, pcp) in [(16, true), (1, true), (16, false), (64, false)] {
-        let config = faultline::Config {
-            budget: 16 * MIB,
-            fault_around: fa,
-            pcp,
-            ..faultline::Config::default()
-        };
+        let mut config = faultline::Config::default();
+        config.budget = 16 * MIB;
+        config.fault_around = fa;
+        config.experiment.pcp = pcp;
         let mm = common::manager_with(config);
-        let mut r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
-        let s = r.as_mut_slice();
+        let r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
         for p in 0..256 {
-            assert_eq!(s[p * 4096 + 5], 0);
-            s[p * 4096 + 5] = p as u8 | 1;
+            assert_eq!(byte(&r, p * 4096 + 5), 0);
+            set_byte(&r, p * 4096 + 5, p as u8 | 1);
         }
         for p in 0..256 {
-            assert_eq!(s[p * 4096 + 5], p as u8 | 1);
+            assert_eq!(byte(&r, p * 4096 + 5), p as u8 | 1);
         }
         let st = settled(&mm);
         assert_eq!(st.moves, 256 / fa as u64, "fault_around {fa}: {st}");
@@ -419,7 +405,7 @@ fn prezeroed_frames_serve_huge_faults_and_give_way_under_pressure() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let mut r = mm
+    let r = mm
         .map(
             40 * MIB,
             Zero,
@@ -428,10 +414,9 @@ fn prezeroed_frames_serve_huge_faults_and_give_way_under_pressure() {
         .expect("map");
     // All 20 pages: the first faults take pre-zeroed frames, the last ones
     // need the reserve's frames given back to the allocator.
-    let s = r.as_mut_slice();
     for p in 0..20 {
-        assert_eq!(s[p * 2 * MIB + 9], 0);
-        s[p * 2 * MIB + 9] = 1;
+        assert_eq!(byte(&r, p * 2 * MIB + 9), 0);
+        set_byte(&r, p * 2 * MIB + 9, 1);
     }
     let st = settled(&mm);
     assert_eq!(st.poisoned, 0, "{st}");

@@ -11,18 +11,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{rng, MIB};
+use common::{byte, rng, set_byte, MIB};
 
 fn tiered(budget: usize, tier: usize) -> faultline::Manager {
-    common::manager_with(
-        Config {
-            budget,
-            workers: 2,
-            fault_locks: 4,
-            ..Config::default()
-        }
-        .with_tier(tier),
-    )
+    let mut c = common::config(budget);
+    c.experiment.fault_locks = Some(4);
+    common::manager_with(c.with_tier(tier))
+}
+
+/// The whole region, read through `read_at`.
+fn contents(r: &Region) -> Vec<u8> {
+    let mut v = vec![0u8; r.len()];
+    r.read_at(0, &mut v).expect("read_at inside the region");
+    v
+}
+
+/// Sets every byte of the region to `v`, through `write_at`.
+fn fill(r: &Region, v: u8) {
+    r.write_at(0, &vec![v; r.len()])
+        .expect("write_at inside the region");
 }
 
 /// Two writer threads own alternate words of `regions` and write counters
@@ -45,17 +52,15 @@ fn with_writers(regions: &[&Region], body: impl FnOnce() + Send) {
                             let w = (next() as usize % (words / 2)) * 2 + t;
                             n += 1;
                             let v = (n << 8) | (t as u64 + 1);
-                            let p = (r.addr() + w * 8) as *mut u64;
-                            // SAFETY: inside a live region; word w is written
-                            // only by thread t.
-                            let old = unsafe { p.read_volatile() };
+                            // Word w is written only by thread t.
+                            let word = &r.atomics()[w];
+                            let old = word.load(Ordering::Relaxed);
                             assert_eq!(
                                 old,
                                 mine[ri].get(&w).copied().unwrap_or(0),
                                 "word {w} of region {ri} changed under a migration"
                             );
-                            // SAFETY: as above.
-                            unsafe { p.write_volatile(v) };
+                            word.store(v, Ordering::Relaxed);
                             mine[ri].insert(w, v);
                         }
                     }
@@ -71,10 +76,9 @@ fn with_writers(regions: &[&Region], body: impl FnOnce() + Send) {
             .collect::<Vec<_>>()
     });
     for (ri, r) in regions.iter().enumerate() {
-        let words = r.len() / 8;
-        // SAFETY: the writers are done; the region lives.
-        let all = unsafe { std::slice::from_raw_parts(r.addr() as *const u64, words) };
-        for (w, &got) in all.iter().enumerate() {
+        // The writers are done.
+        for (w, word) in r.atomics().iter().enumerate() {
+            let got = word.load(Ordering::Relaxed);
             let want = oracles[w % 2][ri].get(&w).copied().unwrap_or(0);
             assert_eq!(got, want, "region {ri} word {w}");
         }
@@ -142,10 +146,10 @@ fn migrate_back_and_forth_under_concurrent_access() {
 #[test]
 fn idle_workers_help_with_the_copy() {
     let mm = tiered(32 * MIB, 32 * MIB);
-    let mut r = mm
+    let r = mm
         .map(8 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
         .expect("map");
-    r.as_mut_slice().fill(0x5a);
+    fill(&r, 0x5a);
     let plan = CopyPlan {
         method: CopyMethod::Chunked,
         threads: 2,
@@ -161,7 +165,7 @@ fn idle_workers_help_with_the_copy() {
         mm.stats().copy_chunks_helped > 0,
         "no worker took a copy piece in {i} migrations"
     );
-    assert!(r.as_slice().iter().all(|&b| b == 0x5a));
+    assert!(contents(&r).iter().all(|&b| b == 0x5a));
 }
 
 #[test]
@@ -170,14 +174,12 @@ fn collapse_under_concurrent_access_makes_a_huge_page() {
     let r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
     // Every page resident, scattered over 4 KiB frames.
     for off in (0..r.len()).step_by(4096).rev() {
-        // SAFETY: inside the live region.
-        unsafe { ((r.addr() + off) as *mut u8).write_volatile(1) };
+        set_byte(&r, off, 1);
     }
-    // SAFETY: as above.
-    unsafe { (r.addr() as *mut u64).write_volatile(0) };
+    r.store_u64(0, 0).expect("store_u64");
     for off in (0..r.len()).step_by(4096).rev() {
-        // SAFETY: as above; word 0 of each page back to zero for the oracle.
-        unsafe { ((r.addr() + off) as *mut u64).write_volatile(0) };
+        // Word 0 of each page back to zero for the oracle.
+        r.store_u64(off, 0).expect("store_u64");
     }
     let mut collapses = 0;
     with_writers(&[&r], || {
@@ -210,18 +212,17 @@ fn collapse_under_concurrent_access_makes_a_huge_page() {
 #[test]
 fn full_pool_fails_cleanly_and_keeps_the_data() {
     let mm = tiered(32 * MIB, 2 * MIB);
-    let mut r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
-    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
-        *b = ((i * 31) >> 12) as u8;
-    }
-    let before: Vec<u8> = r.as_slice().to_vec();
+    let r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
+    let pattern: Vec<u8> = (0..r.len()).map(|i| ((i * 31) >> 12) as u8).collect();
+    r.write_at(0, &pattern).expect("write_at");
+    let before: Vec<u8> = contents(&r);
     match r.migrate(0..r.len(), 1) {
         Err(MigrateError::PoolFull { pool: 1, addr, .. }) => {
             assert_eq!(addr, r.addr() + 2 * MIB, "the second block did not fit");
         }
         other => panic!("expected PoolFull, got {other:?}"),
     }
-    assert!(r.as_slice() == &before[..], "data intact");
+    assert!(contents(&r) == before, "data intact");
     assert_eq!(r.pool_of(0), Some(1), "the first block moved");
     assert_eq!(r.pool_of(2 * MIB), Some(0), "the second stayed");
     assert!(matches!(
@@ -233,10 +234,10 @@ fn full_pool_fails_cleanly_and_keeps_the_data() {
         Err(MigrateError::OutOfRange { .. })
     ));
     // 2 MiB pages: the tier (now full) takes none; then back, and in again.
-    let mut h = mm
+    let h = mm
         .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
         .expect("map");
-    h.as_mut_slice().fill(9);
+    fill(&h, 9);
     assert!(matches!(
         h.migrate(0..h.len(), 1),
         Err(MigrateError::PoolFull { .. })
@@ -246,17 +247,16 @@ fn full_pool_fails_cleanly_and_keeps_the_data() {
     let e = h.migrate(0..h.len(), 1).expect_err("one of two fits");
     assert!(matches!(e, MigrateError::PoolFull { .. }), "{e}");
     assert_eq!(h.pool_of(0), Some(1));
-    assert!(h.as_slice().iter().all(|&b| b == 9));
-    assert!(r.as_slice() == &before[..]);
+    assert!(contents(&h).iter().all(|&b| b == 9));
+    assert!(contents(&r) == before);
     // Collapse needs every page of the block.
     let sparse = mm.map(2 * MIB, Zero, MapOptions::new()).expect("map");
-    // SAFETY: inside the live region.
-    unsafe { (sparse.addr() as *mut u8).write_volatile(3) };
+    set_byte(&sparse, 0, 3);
     assert!(matches!(
         sparse.collapse(0..sparse.len()),
         Err(MigrateError::NotResident { .. })
     ));
-    assert_eq!(sparse.as_slice()[0], 3);
+    assert_eq!(byte(&sparse, 0), 3);
     assert!(matches!(
         h.collapse(0..h.len()),
         Err(MigrateError::NotCollapsible { .. })
@@ -266,48 +266,39 @@ fn full_pool_fails_cleanly_and_keeps_the_data() {
 #[test]
 fn one_pool_per_numa_node() {
     let nodes = faultline_sys::host::numa_nodes();
-    let mm = common::manager_with(
-        Config {
-            workers: 2,
-            fault_locks: 4,
-            ..Config::default()
-        }
-        .with_node_pools(16 * MIB),
-    );
+    let mut c = Config::default();
+    c.workers = 2;
+    c.experiment.fault_locks = Some(4);
+    let mm = common::manager_with(c.with_node_pools(16 * MIB));
     assert_eq!(mm.pools(), nodes.len());
     assert_eq!(mm.config().node, Some(nodes[0]), "pool 0 is bound");
-    let mut r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
-    r.as_mut_slice().fill(4);
+    let r = mm.map(4 * MIB, Zero, MapOptions::new()).expect("map");
+    fill(&r, 4);
     let last = nodes.len() - 1;
     r.migrate(0..r.len(), last).expect("to the last node");
     assert_eq!(r.pool_of(0), Some(last));
-    assert!(r.as_slice().iter().all(|&b| b == 4));
+    assert!(contents(&r).iter().all(|&b| b == 4));
     // A node that is not online is refused.
-    let bad = Config {
-        node: Some(63),
-        ..Config::default()
-    };
+    let mut bad = Config::default();
+    bad.node = Some(63);
     assert!(bad.validate().is_err());
 }
 
 #[test]
 fn small_page_zone_serves_4k_frames_and_thp_zone_2m() {
-    let mm = common::manager_with(Config {
-        budget: 32 * MIB,
-        workers: 2,
-        fault_locks: 4,
-        small_zone_pct: 50,
-        ..Config::default()
-    });
+    let mut c = common::config(32 * MIB);
+    c.experiment.fault_locks = Some(4);
+    c.small_zone_pct = 50;
+    let mm = common::manager_with(c);
     assert_eq!(mm.pools(), 1);
-    let mut small = mm.map(8 * MIB, Zero, MapOptions::new()).expect("map 4k");
-    let mut huge = mm
+    let small = mm.map(8 * MIB, Zero, MapOptions::new()).expect("map 4k");
+    let huge = mm
         .map(8 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
         .expect("map 2m");
-    small.as_mut_slice().fill(3);
-    huge.as_mut_slice().fill(4);
-    assert!(small.as_slice().iter().all(|&b| b == 3));
-    assert!(huge.as_slice().iter().all(|&b| b == 4));
+    fill(&small, 3);
+    fill(&huge, 4);
+    assert!(contents(&small).iter().all(|&b| b == 3));
+    assert!(contents(&huge).iter().all(|&b| b == 4));
     let pm = PageMap::open().expect("pagemap");
     assert_eq!(
         pm.huge_bytes(huge.addr(), huge.addr() + huge.len())
@@ -322,6 +313,6 @@ fn small_page_zone_serves_4k_frames_and_thp_zone_2m() {
             .expect("scan"),
         2 * MIB
     );
-    assert!(small.as_slice().iter().all(|&b| b == 3));
+    assert!(contents(&small).iter().all(|&b| b == 3));
     assert!(mm.take_error().is_none());
 }

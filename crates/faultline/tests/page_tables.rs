@@ -5,14 +5,32 @@
 //! needs the zram device (`/dev/zram0`) and sets up swap on it, then turns
 //! it off again.
 
-use faultline::store::{File as FileStore, Zero};
-use faultline::{MapOptions, PageSize};
+use faultline::store::{File as FileStore, FileOptions, Zero};
+use faultline::{MapOptions, PageSize, Region};
 
 mod common;
-use common::{drop_page, manager, settled, ScratchDir, MIB};
+use common::{byte, drop_page, manager, settled, ScratchDir, MIB};
 
 const HUGE: usize = 2 * MIB;
 const PAGE: usize = 4096;
+
+/// Bytes `start..end` of the region, read through `read_at`.
+fn read(r: &Region, start: usize, end: usize) -> Vec<u8> {
+    let mut v = vec![0u8; end - start];
+    r.read_at(start, &mut v).expect("read_at inside the region");
+    v
+}
+
+/// The whole region, read through `read_at`.
+fn contents(r: &Region) -> Vec<u8> {
+    read(r, 0, r.len())
+}
+
+/// Writes `f(i)` to every byte `i` of the region, through `write_at`.
+fn fill_with(r: &Region, f: impl Fn(usize) -> u8) {
+    let bytes: Vec<u8> = (0..r.len()).map(f).collect();
+    r.write_at(0, &bytes).expect("write_at inside the region");
+}
 
 /// Regression test for the stress test's "shared word lost" (issue: no data
 /// lost): a 2 MiB page whose first 4 KiB page was missing from the page
@@ -23,17 +41,14 @@ const PAGE: usize = 4096;
 #[test]
 fn dropped_part_of_a_huge_page_keeps_the_rest() {
     let mm = manager(16 * MIB);
-    let mut r = mm
+    let r = mm
         .map(
             4 * HUGE,
             Zero,
             MapOptions::new().page_size(PageSize::Huge2M),
         )
         .expect("map");
-    let bytes = r.as_mut_slice();
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = (i % 251) as u8 | 1;
-    }
+    fill_with(&r, |i| (i % 251) as u8 | 1);
     let base = r.addr();
     // Page 0: drop its first 4 KiB; page 1: one in the middle; page 2: its
     // last; page 3: untouched.
@@ -41,7 +56,7 @@ fn dropped_part_of_a_huge_page_keeps_the_rest() {
     for &a in &dropped {
         drop_page(a);
     }
-    for (i, &b) in r.as_slice().iter().enumerate() {
+    for (i, &b) in contents(&r).iter().enumerate() {
         let a = base + i;
         let want = if dropped.iter().any(|&d| a >= d && a < d + PAGE) {
             0
@@ -74,18 +89,18 @@ fn dropped_part_of_a_file_page_rereads_the_store() {
     let data: Vec<u8> = (0..2 * HUGE).map(|i| (i % 241) as u8).collect();
     let path = dir.file("data", &data);
     let mm = manager(16 * MIB);
-    let mut r = mm
+    let r = mm
         .map(
             2 * HUGE,
-            FileStore::open(&path, 0, true).expect("open"),
+            FileStore::open(&path, FileOptions::new().writable(true)).expect("open"),
             MapOptions::new().page_size(PageSize::Huge2M),
         )
         .expect("map");
-    r.as_mut_slice().fill(0xEE);
+    fill_with(&r, |_| 0xEE);
     let hole = r.addr() + HUGE + 5 * PAGE;
     drop_page(hole);
     let off = hole - r.addr();
-    for (i, &b) in r.as_slice().iter().enumerate() {
+    for (i, &b) in contents(&r).iter().enumerate() {
         let want = if (off..off + PAGE).contains(&i) {
             data[i]
         } else {
@@ -108,12 +123,10 @@ fn swapped_out_dirty_pages_are_written_back() {
     let pages = 2048;
     let path = dir.file("data", &vec![0u8; pages * PAGE]);
     let mm = manager(32 * MIB);
-    let mut r = common::map_file(&mm, &path, pages);
-    for (i, chunk) in r.as_mut_slice().chunks_mut(PAGE).enumerate() {
-        chunk.fill((i % 255) as u8 + 1);
-    }
+    let r = common::map_file(&mm, &path, pages);
+    fill_with(&r, |i| ((i / PAGE) % 255) as u8 + 1);
     // SAFETY: the region's range; no reference into it is held.
-    let rc = unsafe { libc::madvise(r.as_ptr() as *mut libc::c_void, r.len(), libc::MADV_PAGEOUT) };
+    let rc = unsafe { libc::madvise(r.as_mut_ptr().cast(), r.len(), libc::MADV_PAGEOUT) };
     assert_eq!(rc, 0, "MADV_PAGEOUT: {}", std::io::Error::last_os_error());
     let swapped = common::swapped_pages(r.addr(), pages);
     assert!(
@@ -129,8 +142,12 @@ fn swapped_out_dirty_pages_are_written_back() {
         );
     }
     // The region still reads right after the flush.
-    for (i, chunk) in r.as_slice().chunks(PAGE).enumerate() {
-        assert_eq!(chunk[PAGE - 1], (i % 255) as u8 + 1, "page {i}");
+    for i in 0..pages {
+        assert_eq!(
+            byte(&r, i * PAGE + PAGE - 1),
+            (i % 255) as u8 + 1,
+            "page {i}"
+        );
     }
     assert!(mm.take_error().is_none());
 }
@@ -169,8 +186,8 @@ fn map_fixed(addr: usize, len: usize, byte: u8) {
 #[test]
 fn a_range_the_program_unmapped_and_reused_is_left_alone() {
     let mm = manager(8 * MIB);
-    let mut r = mm.map(16 * PAGE, Zero, MapOptions::new()).expect("map");
-    r.as_mut_slice().fill(7);
+    let r = mm.map(16 * PAGE, Zero, MapOptions::new()).expect("map");
+    fill_with(&r, |_| 7);
     // The program maps something of its own over four of the region's
     // pages (an unmap and a map in one call; munmap then mmap is the same
     // to faultline, but racy in a test binary whose tests share the
@@ -178,8 +195,8 @@ fn a_range_the_program_unmapped_and_reused_is_left_alone() {
     let hole = r.addr() + 4 * PAGE;
     map_fixed(hole, 4 * PAGE, 0x5A);
     // The rest of the region still reads its data.
-    assert!(r.as_slice()[..4 * PAGE].iter().all(|&b| b == 7));
-    assert!(r.as_slice()[8 * PAGE..].iter().all(|&b| b == 7));
+    assert!(read(&r, 0, 4 * PAGE).iter().all(|&b| b == 7));
+    assert!(read(&r, 8 * PAGE, r.len()).iter().all(|&b| b == 7));
     let st = settled(&mm);
     assert_eq!(st.unmapped_by_program, 4, "{st}");
     drop(r);
@@ -202,16 +219,14 @@ fn a_range_the_program_unmapped_and_reused_is_left_alone() {
 #[test]
 fn pages_moved_away_with_mremap_keep_their_data() {
     let mm = manager(8 * MIB);
-    let mut r = mm
+    let r = mm
         .map(
             2 * HUGE,
             Zero,
             MapOptions::new().page_size(PageSize::Huge2M),
         )
         .expect("map");
-    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
-        *b = (i / PAGE) as u8 | 1;
-    }
+    fill_with(&r, |i| (i / PAGE) as u8 | 1);
     // A place of our own to move the second 2 MiB page to (MREMAP_FIXED
     // replaces what is there: it must be ours).
     // SAFETY: a fresh anonymous reservation.
@@ -248,14 +263,14 @@ fn pages_moved_away_with_mremap_keep_their_data() {
     for (i, &b) in moved.iter().enumerate() {
         assert_eq!(b, ((HUGE + i) / PAGE) as u8 | 1, "moved byte {i}");
     }
-    assert!(r.as_slice()[..HUGE]
+    assert!(read(&r, 0, HUGE)
         .iter()
         .enumerate()
         .all(|(i, &b)| b == (i / PAGE) as u8 | 1));
     // A new region lands anywhere but in the hole.
     let other = mm.map(HUGE, Zero, MapOptions::new()).expect("map");
     assert!(other.addr() + HUGE <= r.addr() || other.addr() >= r.addr() + r.len());
-    other.as_slice().iter().for_each(|&b| assert_eq!(b, 0));
+    contents(&other).iter().for_each(|&b| assert_eq!(b, 0));
     drop(other);
     drop(r);
     for (i, &b) in moved.iter().enumerate() {
@@ -280,17 +295,15 @@ fn pages_moved_away_with_mremap_keep_their_data() {
 #[test]
 fn a_page_dropped_from_a_collapsed_block_refills_alone() {
     let mm = manager(16 * MIB);
-    let mut r = mm.map(HUGE, Zero, MapOptions::new()).expect("map");
-    for (i, b) in r.as_mut_slice().iter_mut().enumerate() {
-        *b = (i / PAGE) as u8 | 1;
-    }
+    let r = mm.map(HUGE, Zero, MapOptions::new()).expect("map");
+    fill_with(&r, |i| (i / PAGE) as u8 | 1);
     let rep = r.collapse(0..HUGE).expect("collapse");
     assert_eq!(rep.pages, 512);
     drop_page(r.addr() + 9 * PAGE);
-    assert_eq!(r.as_slice()[9 * PAGE], 0, "the dropped page reads zeros");
+    assert_eq!(byte(&r, 9 * PAGE), 0, "the dropped page reads zeros");
     // Every other page moves out and back in again: a second collapse.
     r.collapse(0..HUGE).expect("collapse after the drop");
-    for (i, &b) in r.as_slice().iter().enumerate() {
+    for (i, &b) in contents(&r).iter().enumerate() {
         let want = if i / PAGE == 9 {
             0
         } else {
@@ -312,8 +325,8 @@ fn flush_of_a_protected_page_is_an_error_not_a_crash() {
     let dir = ScratchDir::new("mprotect");
     let path = dir.file("data", &vec![0u8; 8 * PAGE]);
     let mm = manager(8 * MIB);
-    let mut r = common::map_file(&mm, &path, 8);
-    r.as_mut_slice().fill(0x77);
+    let r = common::map_file(&mm, &path, 8);
+    fill_with(&r, |_| 0x77);
     let locked = r.addr() + 3 * PAGE;
     protect(locked, libc::PROT_NONE);
     let t0 = std::time::Instant::now();

@@ -3,12 +3,12 @@
 //! survives eviction, flush and a fresh manager; a budget of one frame still
 //! makes progress. Needs userfaultfd (root); fails with the reason otherwise.
 
-use faultline::store::File;
-use faultline::{MapOptions, PageSize};
+use faultline::store::{File, FileOptions};
+use faultline::{Access, MapOptions, PageSize, Region};
 use std::path::PathBuf;
 
 mod common;
-use common::{manager, rng, ScratchDir, MIB};
+use common::{byte, manager, rng, set_byte, ScratchDir, MIB};
 
 /// A file of `len` patterned bytes in a scratch directory of the caller's
 /// own (removed when the returned guard drops, also on failure).
@@ -23,18 +23,39 @@ fn scratch(name: &str, len: usize) -> (ScratchDir, PathBuf, Vec<u8>) {
 
 /// The region matches the oracle byte for byte (checked by 8-byte words).
 fn check(region: &[u8], oracle: &[u8], what: &str) {
-    if region != oracle {
-        let i = region
+    check_at(region, oracle, 0, what);
+}
+
+/// `check` of the bytes at `base` of a whole: differences are reported at
+/// their offset in the whole.
+fn check_at(part: &[u8], oracle: &[u8], base: usize, what: &str) {
+    if part != oracle {
+        let i = part
             .iter()
             .zip(oracle)
             .position(|(a, b)| a != b)
             .unwrap_or(0);
+        let at = base + i;
         panic!(
-            "{what}: first difference at byte {i} (page {}): {} vs {}",
-            i / 4096,
-            region[i],
+            "{what}: first difference at byte {at} (page {}): {} vs {}",
+            at / 4096,
+            part[i],
             oracle[i]
         );
+    }
+}
+
+/// `check` of a whole region against the oracle: one sequential pass over
+/// it (through `read_at`, 1 MiB at a time).
+fn check_region<A: Access>(r: &Region<A>, oracle: &[u8], what: &str) {
+    assert_eq!(r.len(), oracle.len(), "{what}: region and oracle sizes");
+    let chunk = MIB.min(r.len());
+    let mut buf = vec![0u8; chunk];
+    for (n, want) in oracle.chunks(chunk).enumerate() {
+        let got = &mut buf[..want.len()];
+        r.read_at(n * chunk, got)
+            .expect("read_at inside the region");
+        check_at(got, want, n * chunk, what);
     }
 }
 
@@ -47,13 +68,13 @@ fn out_of_core(size: PageSize, file_len: usize, budget: usize, ops_per_thread: u
         let r = mm
             .map(
                 file_len,
-                File::open(&path, 0, true).expect("open"),
+                File::open(&path, FileOptions::new().writable(true)).expect("open"),
                 MapOptions::new().page_size(size),
             )
             .expect("map");
         // Phase 1: two threads, random reads and writes; thread t writes
         // only pages p with p % 2 == t, and checks what it reads there.
-        let base = r.addr();
+        let r = &r;
         let writes: Vec<Vec<(usize, u8)>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2usize)
                 .map(|t| {
@@ -64,14 +85,13 @@ fn out_of_core(size: PageSize, file_len: usize, budget: usize, ops_per_thread: u
                         for _ in 0..ops_per_thread {
                             let p = (next() as usize % (pages / 2)) * 2 + t;
                             let off = p * ps + next() as usize % ps;
-                            // SAFETY: inside the region, which outlives the scope.
-                            let v = unsafe { ((base + off) as *const u8).read_volatile() };
+                            let v = byte(r, off);
                             let want = mine.get(&off).copied().unwrap_or(oracle[off]);
                             assert_eq!(v, want, "thread {t}, byte {off}");
                             if next() % 2 == 0 {
                                 let nv = (next() as u8) | 1;
-                                // SAFETY: as above; only thread t writes page p.
-                                unsafe { ((base + off) as *mut u8).write_volatile(nv) };
+                                // Only thread t writes page p.
+                                set_byte(r, off, nv);
                                 mine.insert(off, nv);
                             }
                         }
@@ -85,7 +105,7 @@ fn out_of_core(size: PageSize, file_len: usize, budget: usize, ops_per_thread: u
             oracle[off] = v;
         }
         // Phase 2: one sequential pass over everything.
-        check(r.as_slice(), &oracle, "sequential pass");
+        check_region(r, &oracle, "sequential pass");
         let st = mm.stats();
         assert!(
             st.evicted > 0,
@@ -109,13 +129,13 @@ fn out_of_core(size: PageSize, file_len: usize, budget: usize, ops_per_thread: u
     // And a fresh manager reads it back.
     let mm = manager(budget);
     let r = mm
-        .map(
+        .map_read_only(
             file_len,
-            File::open(&path, 0, false).expect("open"),
+            File::open(&path, FileOptions::new()).expect("open"),
             MapOptions::new().page_size(size),
         )
         .expect("map");
-    check(r.as_slice(), &oracle, "fresh manager");
+    check_region(&r, &oracle, "fresh manager");
     drop(r);
     let _ = std::fs::remove_file(&path);
 }
@@ -145,11 +165,11 @@ fn budget_of_one_frame_makes_progress() {
         let r = mm
             .map(
                 8 * MIB,
-                File::open(&path, 0, true).expect("open"),
+                File::open(&path, FileOptions::new().writable(true)).expect("open"),
                 MapOptions::new().page_size(size),
             )
             .expect("map");
-        check(r.as_slice(), &oracle, "one frame");
+        check_region(&r, &oracle, "one frame");
         let st = mm.stats();
         assert_eq!(st.poisoned, 0, "{st}");
         drop(r);

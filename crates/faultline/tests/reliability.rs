@@ -3,14 +3,16 @@
 //! the table in docs/reliability.md names the test of each row). Needs
 //! userfaultfd (root); fails with the reason otherwise.
 
-use faultline::store::{File, Zero};
-use faultline::{Config, ConfigError, FaultError, MapError, MapOptions, Store, StoreError};
+use faultline::store::{File, FileOptions, Zero};
+use faultline::{
+    Config, ConfigError, FaultError, ManagerBuilder, MapError, MapOptions, Store, StoreError,
+};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{drop_page, kernel_read, manager, manager_with, ScratchDir, MIB};
+use common::{byte, drop_page, kernel_read, manager, manager_with, set_byte, ScratchDir, MIB};
 
 const PAGE: usize = 4096;
 
@@ -98,7 +100,7 @@ fn a_store_that_panics_in_read_is_an_error_for_that_page() {
         0,
         "the workers still serve"
     );
-    assert_eq!(r.as_slice()[5 * PAGE], 5 | 1);
+    assert_eq!(byte(&r, 5 * PAGE), 5 | 1);
 }
 
 /// Row 3: a store that panics during write-back and flush — the panic
@@ -107,10 +109,10 @@ fn a_store_that_panics_in_read_is_an_error_for_that_page() {
 fn a_store_that_panics_in_write_back_is_an_error_not_an_unwind() {
     let mm = manager(8 * MIB);
     let store = Arc::new(Wild::default());
-    let mut r = mm
+    let r = mm
         .map_shared(16 * PAGE, store.clone(), MapOptions::new())
         .expect("map");
-    r.as_mut_slice()[0] = 0xEE;
+    set_byte(&r, 0, 0xEE);
     store.panic_writes.store(true, Ordering::Relaxed);
     let err = r.flush().expect_err("write-back panicked");
     assert!(
@@ -151,7 +153,7 @@ fn a_transient_store_error_can_be_retried() {
             .expect("the store works again"),
         1
     );
-    assert_eq!(r.as_slice()[3 * PAGE], 3 | 1);
+    assert_eq!(byte(&r, 3 * PAGE), 3 | 1);
     assert!(mm.stats().poison_retries >= 1);
 }
 
@@ -177,7 +179,7 @@ fn a_dropped_poisoned_page_is_served_again_not_a_livelock() {
     );
     drop_page(page);
     assert_eq!(kernel_read(page), 0, "the store works now");
-    assert_eq!(r.as_slice()[7 * PAGE], 7 | 1);
+    assert_eq!(byte(&r, 7 * PAGE), 7 | 1);
 }
 
 /// Row 6: a store that blocks forever — dropping the manager hung. Now the
@@ -215,9 +217,9 @@ fn a_file_offset_that_overflows_is_refused() {
     let path = dir.file("f", &[1u8; PAGE]);
     let mm = manager(8 * MIB);
     let err = mm
-        .map(
+        .map_read_only(
             4 * PAGE,
-            File::open(&path, u64::MAX - PAGE as u64, false).expect("open"),
+            File::open(&path, FileOptions::new().offset(u64::MAX - PAGE as u64)).expect("open"),
             MapOptions::new(),
         )
         .expect_err("offset + length overflows");
@@ -245,15 +247,15 @@ fn prefetch_of_a_bad_range_is_an_error() {
 /// Row 12: reclaim watermarks low > high were accepted.
 #[test]
 fn crossed_reclaim_watermarks_are_refused() {
-    let err = faultline::Manager::builder()
-        .config(Config {
-            budget: 8 * MIB,
-            reclaim_low_pct: 30,
-            reclaim_high_pct: 10,
-            ..Config::default()
-        })
-        .build()
-        .expect_err("low above high");
+    let err = ManagerBuilder::from_config({
+        let mut c = Config::default();
+        c.budget = 8 * MIB;
+        c.reclaim_low_pct = 30;
+        c.reclaim_high_pct = 10;
+        c
+    })
+    .build()
+    .expect_err("low above high");
     assert!(
         matches!(
             err,
@@ -294,15 +296,14 @@ fn a_budget_above_available_memory_is_refused() {
 /// drop waited for the spin to run out). Now they see the stop flag.
 #[test]
 fn spinning_workers_stop_at_shutdown() {
-    let mm = manager_with(Config {
-        budget: 8 * MIB,
-        workers: 2,
-        fault_locks: 4,
-        spin_us: 20_000_000,
-        ..Config::default()
+    let mm = manager_with({
+        let mut c = common::config(8 * MIB);
+        c.experiment.fault_locks = Some(4);
+        c.experiment.spin_us = 20_000_000;
+        c
     });
-    let mut r = mm.map(16 * PAGE, Zero, MapOptions::new()).expect("map");
-    r.as_mut_slice()[0] = 1;
+    let r = mm.map(16 * PAGE, Zero, MapOptions::new()).expect("map");
+    set_byte(&r, 0, 1);
     drop(r);
     let t0 = Instant::now();
     drop(mm);
@@ -386,15 +387,16 @@ fn write_back_out_of_space_writes_what_fits_and_keeps_the_rest() {
     let ballast = fs.dir.path().join("ballast");
     std::fs::write(&ballast, vec![0u8; 24 * PAGE]).expect("ballast");
     let mm = manager(8 * MIB);
-    let mut r = mm
+    let r = mm
         .map(
             64 * PAGE,
-            File::open(&path, 0, true).expect("open"),
+            File::open(&path, FileOptions::new().writable(true)).expect("open"),
             MapOptions::new(),
         )
         .expect("map");
     for p in 0..64 {
-        r.as_mut_slice()[p * PAGE..(p + 1) * PAGE].fill(p as u8 + 2);
+        r.write_at(p * PAGE, &[p as u8 + 2; PAGE])
+            .expect("write_at");
     }
     let err = r.flush().expect_err("out of space");
     assert_eq!(err.errno(), Some(libc::ENOSPC), "{err}");
@@ -417,7 +419,7 @@ fn write_back_out_of_space_writes_what_fits_and_keeps_the_rest() {
     };
     assert_eq!(err.errno(), Some(libc::ENOSPC));
     assert!(
-        (0..64).all(|p| r.as_slice()[p * PAGE] == p as u8 + 2),
+        (0..64).all(|p| byte(&r, p * PAGE) == p as u8 + 2),
         "nothing lost"
     );
     std::fs::remove_file(&ballast).expect("free space");

@@ -3,12 +3,12 @@
 //! dropped when write-back fails. Needs userfaultfd (root); fails with the
 //! reason otherwise.
 
-use faultline::store::File;
+use faultline::store::{File, FileOptions};
 use faultline::{FaultError, MapOptions, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 mod common;
-use common::{kernel_read, manager, MIB};
+use common::{byte, kernel_read, manager, set_byte, MIB};
 
 /// A store of zeros that fails reads of chosen pages, or every write, on
 /// demand.
@@ -65,7 +65,7 @@ fn a_failing_read_poisons_the_page_and_reports_the_cause() {
         )
         .expect("map");
     assert_eq!(kernel_read(r.addr() + 2 * 4096), 0, "a good page reads");
-    assert_eq!(r.as_slice()[2 * 4096], 2);
+    assert_eq!(byte(&r, 2 * 4096), 2);
     assert_eq!(
         kernel_read(r.addr() + 3 * 4096),
         libc::EFAULT,
@@ -88,9 +88,9 @@ fn an_unreadable_file_is_an_error_not_a_hang() {
     let dir = scratch.path();
     let mm = manager(8 * MIB);
     let r = mm
-        .map(
+        .map_read_only(
             MIB,
-            File::open(dir, 0, false).expect("open dir"),
+            File::open(dir, FileOptions::new()).expect("open dir"),
             MapOptions::new(),
         )
         .expect("map");
@@ -115,20 +115,18 @@ fn failing_write_back_keeps_the_data() {
         bad_page: u64::MAX,
         fail_writes: AtomicBool::new(true),
     });
-    let mut r = mm
+    let r = mm
         .map_shared(4 * MIB, store.clone(), MapOptions::new())
         .expect("map");
-    let s = r.as_mut_slice();
     for p in 0..512 {
-        s[p * 4096 + 1] = !(p as u8);
+        set_byte(&r, p * 4096 + 1, !(p as u8));
     }
     // No frame can be freed: the fault is refused (EFAULT from kernel mode).
     assert_eq!(kernel_read(r.addr() + 600 * 4096), libc::EFAULT);
     assert!(r.flush().is_err(), "flush reports the failing write-back");
     // Every written page still holds its data (parked pages come back).
-    let s = r.as_slice();
     for p in 0..512 {
-        assert_eq!(s[p * 4096 + 1], !(p as u8), "page {p} lost its data");
+        assert_eq!(byte(&r, p * 4096 + 1), !(p as u8), "page {p} lost its data");
     }
     let mut saw_enospc = false;
     while let Some(e) = mm.take_error() {

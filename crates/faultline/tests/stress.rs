@@ -20,7 +20,7 @@
 //! Every word written must read back, every word nobody wrote must read its
 //! initial value, and at the end every frame is back in the pool.
 
-use faultline::store::Zero;
+use faultline::store::{FileOptions, Zero};
 use faultline::{MapOptions, MigrateError, PageSize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -80,12 +80,11 @@ fn run_dropper(
         let r = regions[ri];
         let pages = r.len() / 4096;
         let p = (next() as usize % (pages / 8)) * 8 + 7;
-        let addr = r.addr() + p * 4096;
+        let page = r.as_mut_ptr().wrapping_add(p * 4096);
         // SAFETY: a page of a live region that only this thread touches.
-        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, 4096, libc::MADV_DONTNEED) };
+        let rc = unsafe { libc::madvise(page.cast(), 4096, libc::MADV_DONTNEED) };
         assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
-        // SAFETY: inside the live region.
-        let b = unsafe { ((addr + 100) as *const u8).read_volatile() };
+        let b = common::byte(r, p * 4096 + 100);
         assert_eq!(
             b,
             initial(ri, p * 4096 + 100),
@@ -128,15 +127,11 @@ fn stress_checksum_oracle() {
     let secs = secs();
     let seed = seed();
     // Pool 0 plus a tier the shared regions migrate to and from meanwhile.
-    let mm = common::manager_with(
-        faultline::Config {
-            budget: 128 * MIB,
-            workers: 2,
-            fault_locks: 4,
-            ..faultline::Config::default()
-        }
-        .with_tier(64 * MIB),
-    );
+    let mm = common::manager_with({
+        let mut c = common::config(128 * MIB);
+        c.experiment.fault_locks = Some(4);
+        c.with_tier(64 * MIB)
+    });
     let threads = 4;
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
@@ -206,10 +201,8 @@ fn stress_checksum_oracle() {
                             let words = r.len() / 8;
                             for _ in 0..64 {
                                 let w = pick_word(&mut next, words, threads, t);
-                                let p = (r.addr() + w * 8) as *mut u64;
-                                // SAFETY: inside a live region; word w is written
-                                // only by thread t.
-                                unsafe { p.write_volatile(value(t, round, w)) };
+                                // Word w is written only by thread t.
+                                r.atomics()[w].store(value(t, round, w), Ordering::Relaxed);
                                 mine[si].insert(w, round);
                             }
                         }
@@ -225,23 +218,20 @@ fn stress_checksum_oracle() {
                         } else {
                             4 * MIB
                         };
-                        let mut r = match mm.map(len, Zero, MapOptions::new().page_size(size)) {
+                        let r = match mm.map(len, Zero, MapOptions::new().page_size(size)) {
                             Ok(r) => r,
                             Err(e) => panic!("map failed: {e}"),
                         };
                         let pages = len / size.bytes();
                         let mut touched = vec![false; pages];
                         {
-                            let bytes = r.as_mut_slice();
-                            // SAFETY: the region is 8-byte aligned (page aligned)
-                            // and its length a multiple of 8.
-                            let (_, words, _) = unsafe { bytes.align_to_mut::<u64>() };
+                            let words = r.atomics();
                             let per_page = size.bytes() / 8;
                             for _ in 0..pages.min(64) {
                                 let p = next() as usize % pages;
                                 touched[p] = true;
                                 let w = p * per_page + next() as usize % per_page;
-                                words[w] = value(t, round, w);
+                                words[w].store(value(t, round, w), Ordering::Relaxed);
                             }
                         }
                         // Now and then the program unmaps the region's
@@ -252,16 +242,21 @@ fn stress_checksum_oracle() {
                             // SAFETY: the second half of this thread's own
                             // region; only its first half is read below.
                             let rc = unsafe {
-                                libc::munmap((r.addr() + half) as *mut libc::c_void, half)
+                                libc::munmap(r.as_mut_ptr().wrapping_add(half).cast(), half)
                             };
                             assert_eq!(rc, 0, "munmap: {}", std::io::Error::last_os_error());
                             pages / 2
                         } else {
                             pages
                         };
-                        let bytes = &r.as_slice()[..keep * size.bytes()];
-                        // SAFETY: as above.
-                        let (_, words, _) = unsafe { bytes.align_to::<u64>() };
+                        // Read what is left of the region (its mapped first
+                        // `keep` pages only) word by word.
+                        let mut bytes = vec![0u8; keep * size.bytes()];
+                        r.read_at(0, &mut bytes).expect("read_at");
+                        let words: Vec<u64> = bytes
+                            .chunks_exact(8)
+                            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+                            .collect();
                         let per_page = size.bytes() / 8;
                         for (p, &was) in touched.iter().enumerate().take(keep) {
                             for (i, &v) in
@@ -280,8 +275,7 @@ fn stress_checksum_oracle() {
                     // Verify this thread's words of the shared regions.
                     for (si, r) in shared.iter().enumerate() {
                         for (&w, &rd) in &mine[si] {
-                            // SAFETY: inside a live region.
-                            let v = unsafe { ((r.addr() + w * 8) as *const u64).read_volatile() };
+                            let v = r.atomics()[w].load(Ordering::Relaxed);
                             assert_eq!(
                                 v,
                                 value(t, rd, w),
@@ -302,9 +296,8 @@ fn stress_checksum_oracle() {
     // The whole shared regions against the union of the oracles: every word
     // is its last written value, or zero if nobody wrote it.
     for (si, r) in [&shared_4k, &shared_2m].iter().enumerate() {
-        // SAFETY: page aligned, length a multiple of 8.
-        let (_, words, _) = unsafe { r.as_slice().align_to::<u64>() };
-        for (w, &v) in words.iter().enumerate() {
+        for (w, word) in r.atomics().iter().enumerate() {
+            let v = word.load(Ordering::Relaxed);
             let t = w % threads;
             let want = oracles[t][si].get(&w).map_or(0, |&rd| value(t, rd, w));
             assert_eq!(v, want, "seed {seed}: shared region {si}, word {w}");
@@ -348,19 +341,16 @@ fn stress_store_backed_oracle() {
         .collect();
     let threads = 3;
     let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = {
-        let mm = common::manager_with(
-            faultline::Config {
-                budget: 16 * MIB,
-                workers: 2,
-                fault_locks: 8,
-                ..faultline::Config::default()
-            }
-            .with_tier(8 * MIB),
-        );
+        let mm = common::manager_with({
+            let mut c = common::config(16 * MIB);
+            c.experiment.fault_locks = Some(8);
+            c.with_tier(8 * MIB)
+        });
         let open = |i: usize, size: PageSize| {
             mm.map(
                 len,
-                faultline::store::File::open(&paths[i], 0, true).expect("open"),
+                faultline::store::File::open(&paths[i], FileOptions::new().writable(true))
+                    .expect("open"),
                 MapOptions::new().page_size(size),
             )
             .expect("map")
@@ -414,16 +404,17 @@ fn stress_store_backed_oracle() {
                 while Instant::now() < deadline {
                     let f = dir.file(&format!("churn-{}", n % 2), &vec![0u8; MIB]);
                     {
-                        let mut r = mm
+                        let r = mm
                             .map(
                                 MIB,
-                                faultline::store::File::open(&f, 0, true).expect("open"),
+                                faultline::store::File::open(&f, FileOptions::new().writable(true))
+                                    .expect("open"),
                                 MapOptions::new(),
                             )
                             .expect("map");
                         let v = (next() % 250) as u8 + 1;
                         for p in (0..MIB / 4096).step_by(3) {
-                            r.as_mut_slice()[p * 4096] = v;
+                            common::set_byte(&r, p * 4096, v);
                         }
                         if next() % 2 == 0 {
                             r.flush().expect("flush");
@@ -453,19 +444,14 @@ fn stress_store_backed_oracle() {
                             for (ri, r) in regions.iter().enumerate() {
                                 for _ in 0..32 {
                                     let w = pick_word(&mut next, r.len() / 8, threads, t);
-                                    let p = (r.addr() + w * 8) as *mut u64;
-                                    // SAFETY: inside a live region; word w
-                                    // is written only by thread t.
-                                    unsafe { p.write_volatile(value(t, round, w)) };
+                                    // Word w is written only by thread t.
+                                    r.atomics()[w].store(value(t, round, w), Ordering::Relaxed);
                                     mine[ri].insert(w, round);
                                 }
                                 // Read back a word written earlier (it may
                                 // have been evicted and read from the file).
                                 if let Some((&w, &rd)) = mine[ri].iter().next() {
-                                    // SAFETY: inside a live region.
-                                    let v = unsafe {
-                                        ((r.addr() + w * 8) as *const u64).read_volatile()
-                                    };
+                                    let v = r.atomics()[w].load(Ordering::Relaxed);
                                     assert_eq!(
                                         v,
                                         value(t, rd, w),
@@ -501,15 +487,16 @@ fn stress_store_backed_oracle() {
     let mm = common::manager(8 * MIB);
     for (ri, path) in paths.iter().enumerate() {
         let r = mm
-            .map(
+            .map_read_only(
                 len,
-                faultline::store::File::open(path, 0, false).expect("open"),
+                faultline::store::File::open(path, FileOptions::new()).expect("open"),
                 MapOptions::new(),
             )
             .expect("map");
-        // SAFETY: page aligned, length a multiple of 8.
-        let (_, words, _) = unsafe { r.as_slice().align_to::<u64>() };
-        for (w, &v) in words.iter().enumerate() {
+        let mut bytes = vec![0u8; len];
+        r.read_at(0, &mut bytes).expect("read_at");
+        for (w, c) in bytes.chunks_exact(8).enumerate() {
+            let v = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
             let t = w % threads;
             let want = match oracles[t][ri].get(&w) {
                 Some(&rd) => value(t, rd, w),

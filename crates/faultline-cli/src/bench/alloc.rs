@@ -15,9 +15,9 @@
 
 use super::{progress, rng, BenchOpts};
 use crate::report::{Report, Summary};
-use faultline::frame::{AllocConfig, Frame, FrameAlloc, FrameAllocator};
+use faultline::internals::{AllocConfig, Frame, FrameAlloc, FrameAllocator};
 use faultline::store::Zero;
-use faultline::{Config, Manager, MapOptions};
+use faultline::{Config, ManagerBuilder, MapOptions};
 use faultline_sys::host;
 use serde_json::json;
 use std::sync::Barrier;
@@ -158,7 +158,7 @@ fn measure(
 
 /// Mean and median µs per 4 KiB page of first touches on a fresh region.
 fn fault_run(config: &Config, sequential: bool, pages: usize) -> anyhow::Result<(f64, Summary)> {
-    let mm = Manager::builder().config(config.clone()).build()?;
+    let mm = ManagerBuilder::from_config(config.clone()).build()?;
     let span = pages * 4;
     let r = mm.map(span * 4096, Zero, MapOptions::new())?;
     let mut order: Vec<usize> = if sequential {
@@ -177,7 +177,9 @@ fn fault_run(config: &Config, sequential: bool, pages: usize) -> anyhow::Result<
     for p in order.drain(..) {
         let ptr = (r.addr() + p * 4096) as *mut u8;
         let t0 = Instant::now();
-        // SAFETY: inside the region, which lives until this function returns.
+        // Raw access: this times the fault, not an API call.
+        // SAFETY: inside the region, which lives until this function returns
+        // and which only this thread touches.
         unsafe { ptr.write_volatile(1) };
         lat.push(t0.elapsed().as_secs_f64() * 1e6);
     }
@@ -195,8 +197,8 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let base = opts.config();
     let cfg = AllocConfig {
         pcp: true,
-        batch: base.pcp_batch,
-        high: base.pcp_high,
+        batch: base.experiment.pcp_batch,
+        high: base.experiment.pcp_high,
         cpus: host::online_cpus(),
     };
     let mut report = Report::new(
@@ -269,12 +271,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         (false, base.fault_around.max(16)),
         (true, base.fault_around.max(16)),
     ] {
-        let config = Config {
-            budget: (pages * 4096 * 8).next_multiple_of(2 << 20),
-            pcp,
-            fault_around: fa,
-            ..base.clone()
-        };
+        let mut config = base.clone();
+        config.budget = (pages * 4096 * 8).next_multiple_of(2 << 20);
+        config.experiment.pcp = pcp;
+        config.fault_around = fa;
         for sequential in [true, false] {
             let (mean, s) = fault_run(&config, sequential, pages)?;
             let pattern = if sequential { "seq" } else { "random" };

@@ -16,9 +16,8 @@
 
 use super::{progress, rng, BenchOpts};
 use crate::report::{Report, Summary};
-use faultline::fill::FillOrder;
 use faultline::store::Zero;
-use faultline::{Config, Manager, MapOptions, PageSize};
+use faultline::{Config, FillOrder, Manager, ManagerBuilder, MapOptions, PageSize};
 use faultline_sys::host;
 use faultline_sys::mem::{Advice, Mapping};
 use serde_json::json;
@@ -67,16 +66,14 @@ fn pressure(stop: &AtomicBool) {
 }
 
 fn manager_for(v: Variant, budget: usize, base: &Config) -> anyhow::Result<Manager> {
-    let config = Config {
-        budget,
-        fill_order: match v {
-            Variant::Order(o) => o,
-            _ => FillOrder::Sequential,
-        },
-        prezero: v == Variant::Prezeroed,
-        ..base.clone()
+    let mut config = base.clone();
+    config.budget = budget;
+    config.experiment.fill_order = match v {
+        Variant::Order(o) => o,
+        _ => FillOrder::Sequential,
     };
-    Ok(Manager::builder().config(config).build()?)
+    config.prezero = v == Variant::Prezeroed;
+    Ok(ManagerBuilder::from_config(config).build()?)
 }
 
 /// One run: W writers, `pages` 2 MiB pages each; returns GB/s.
@@ -144,7 +141,7 @@ fn target_heat(mm: &Manager, pages: usize) -> anyhow::Result<f64> {
     for p in 0..pages {
         let sub = (next() as usize % 512) * 4096;
         let base = r.addr() + p * HUGE + sub;
-        // SAFETY: inside the region.
+        // SAFETY: inside the region, which only this thread touches.
         unsafe { (base as *mut u8).write_volatile(1) };
         let c0 = host::cycles();
         let mut sum = 0u64;
@@ -182,7 +179,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         ],
     );
     report.config = json!({"pages_per_writer": pages, "repetitions": reps, "page": "2m",
-        "neighbourhood_subpages": faultline::fill::NEIGHBOURHOOD});
+        "neighbourhood_subpages": faultline::internals::NEIGHBOURHOOD});
     let cases: Vec<(usize, bool)> = vec![(1, false), (2, false), (1, true)];
     let bar = progress((cases.len() * variants.len() * reps) as u64, "clear-order");
     for &(writers, with_pressure) in &cases {

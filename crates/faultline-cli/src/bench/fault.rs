@@ -15,7 +15,7 @@
 use super::{progress, rng, BenchOpts};
 use crate::report::{Report, Summary};
 use faultline::store::Zero;
-use faultline::{Config, Manager, MapOptions, PageSize};
+use faultline::{Manager, ManagerBuilder, MapOptions, PageSize};
 use faultline_sys::mem::{Advice, Mapping};
 use serde_json::json;
 use std::time::Instant;
@@ -117,11 +117,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let budget = (n2m * PageSize::Huge2M.bytes())
         .max(n4k * 4096)
         .next_multiple_of(2 << 20);
-    let config = Config {
-        budget,
-        ..opts.config()
-    };
-    let mm = Manager::builder().config(config.clone()).build()?;
+    let mut config = opts.config();
+    config.budget = budget;
+    let mm = ManagerBuilder::from_config(config.clone()).build()?;
     let mut report = Report::new(
         "fault",
         vec![

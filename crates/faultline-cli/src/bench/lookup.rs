@@ -22,11 +22,12 @@
 
 use super::{progress, rng, BenchOpts};
 use crate::report::Report;
-use faultline::region::table::{reset_thread_counters, thread_counters};
+use faultline::internals::{reset_thread_counters, thread_counters};
 use faultline::store::Zero;
-use faultline::{Config, LookupCache, Manager, MapOptions, PageSize, Region};
+use faultline::{Config, LookupCache, Manager, ManagerBuilder, MapOptions, PageSize, Region};
 use faultline_sys::host;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// TSC cycles per nanosecond.
@@ -142,12 +143,10 @@ fn database_traces(regions: &[Region], threads: usize, n: usize) -> Vec<Vec<usiz
 /// A real run: 2 threads touch random pages of 8 regions; returns the
 /// recorded fault addresses (and keeps the manager and regions alive).
 fn real_run(base: &Config) -> anyhow::Result<(Manager, Vec<Region>, Vec<usize>)> {
-    let config = Config {
-        budget: 192 << 20,
-        trace_faults: 1 << 20,
-        ..base.clone()
-    };
-    let mm = Manager::builder().config(config).build()?;
+    let mut config = base.clone();
+    config.budget = 192 << 20;
+    config.experiment.trace_faults = 1 << 20;
+    let mm = ManagerBuilder::from_config(config).build()?;
     let mut regions = Vec::new();
     for i in 0..8 {
         let (len, ps) = if i < 2 {
@@ -157,20 +156,17 @@ fn real_run(base: &Config) -> anyhow::Result<(Manager, Vec<Region>, Vec<usize>)>
         };
         regions.push(mm.map(len, Zero, MapOptions::new().page_size(ps))?);
     }
-    let spans: Vec<(usize, usize, usize)> = regions
-        .iter()
-        .map(|r| (r.addr(), r.len(), r.page_size().bytes()))
-        .collect();
     std::thread::scope(|s| {
-        for t in 0..2u64 {
-            let spans = &spans;
+        for t in 0..2usize {
+            let regions = &regions;
             s.spawn(move || {
-                let mut next = rng(300 + t);
+                let mut next = rng(300 + t as u64);
                 for _ in 0..3000 {
-                    let (a, len, ps) = spans[next() as usize % spans.len()];
-                    let p = next() as usize % (len / ps);
-                    // SAFETY: inside a live region.
-                    unsafe { ((a + p * ps + 8 * t as usize) as *mut u8).write_volatile(1) };
+                    let r = &regions[next() as usize % regions.len()];
+                    let ps = r.page_size().bytes();
+                    let p = next() as usize % (r.len() / ps);
+                    // Word t of page p: each thread its own word.
+                    r.atomics()[(p * ps) / 8 + t].store(1, Ordering::Relaxed);
                 }
             });
         }
@@ -182,10 +178,8 @@ fn real_run(base: &Config) -> anyhow::Result<(Manager, Vec<Region>, Vec<usize>)>
 pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let n = if opts.quick { 200_000 } else { 2_000_000 };
     let tpn = tsc_per_ns();
-    let base = Config {
-        budget: 64 << 20,
-        ..opts.config()
-    };
+    let mut base = opts.config();
+    base.budget = 64 << 20;
     let mut report = Report::new(
         "lookup",
         vec![
@@ -204,7 +198,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let bar = progress(3 * LookupCache::ALL.len() as u64, "lookup");
 
     // Build-like and database-like traces on one manager.
-    let mm = Manager::builder().config(base.clone()).build()?;
+    let mm = ManagerBuilder::from_config(base.clone()).build()?;
     let mut build_regions = Vec::new();
     for i in 0..24usize {
         let len = (64usize << 10) << (i % 8);

@@ -52,25 +52,27 @@ impl BenchOpts {
     pub fn config(&self) -> Config {
         let mut c = Config::default();
         if let Some(w) = self.workers {
+            // The fault lock table follows: `experiment.fault_locks` stays
+            // `None`, so the build derives it from the workers (the next
+            // power of two of 2 x workers, at least 64).
             c.workers = w;
-            c.fault_locks = (2 * w).next_power_of_two().max(64);
         }
         c.pin_workers = !self.no_pin;
         if let Some(s) = self.spin_us {
-            c.spin_us = s;
+            c.experiment.spin_us = s;
         }
         if let Some(f) = self.fault_around {
             c.fault_around = f;
         }
-        c.pcp = !self.no_pcp;
+        c.experiment.pcp = !self.no_pcp;
         if let Some(b) = self.pcp_batch {
-            c.pcp_batch = b;
+            c.experiment.pcp_batch = b;
         }
         if let Some(h) = self.pcp_high {
-            c.pcp_high = h;
+            c.experiment.pcp_high = h;
         }
         if let Some(m) = self.migrate_chunk {
-            c.migrate_chunk = m;
+            c.experiment.migrate_chunk = m;
         }
         c
     }

@@ -15,8 +15,8 @@
 use super::{progress, rng, BenchOpts};
 use crate::report::Report;
 use anyhow::{bail, Context};
-use faultline::store::File;
-use faultline::{Config, Manager, MapOptions};
+use faultline::store::{File, FileOptions};
+use faultline::{Config, ManagerBuilder, MapOptions};
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -120,13 +120,16 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
         _ => {
             // 4 KiB pages only: the whole budget as a small-page zone (no
             // THP splits on the way; docs/design.md measures both).
-            let config = Config {
-                budget: a.budget,
-                small_zone_pct: SMALL_ZONE_PCT,
-                ..Config::default()
-            };
-            let mm = Manager::builder().config(config).build()?;
-            let r = mm.map(len, File::open(&a.file, 0, true)?, MapOptions::new())?;
+            let mut config = Config::default();
+            config.budget = a.budget;
+            config.small_zone_pct = SMALL_ZONE_PCT;
+            let mm = ManagerBuilder::from_config(config).build()?;
+            // Writable for every pattern, the read ones too, like the
+            // kernel side's read-write shared mapping: a read-only store
+            // would skip dirty tracking (fill fingerprints, the check at
+            // eviction) and measure a cheaper path than the kernel's.
+            let store = File::open(&a.file, FileOptions::new().writable(true))?;
+            let r = mm.map(len, store, MapOptions::new())?;
             let ops = drive(r.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
             if let Some(e) = mm.take_error() {
                 bail!("fault error: {e}");

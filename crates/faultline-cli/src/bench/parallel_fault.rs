@@ -11,7 +11,7 @@
 use super::{progress, BenchOpts};
 use crate::report::{Report, Summary};
 use faultline::store::{Delayed, Zero};
-use faultline::{Config, LockMode, Manager, MapOptions, PageSize};
+use faultline::{Config, LockMode, ManagerBuilder, MapOptions, PageSize};
 use serde_json::json;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -30,19 +30,21 @@ fn one(
     bytes: usize,
     base: &Config,
 ) -> anyhow::Result<Run> {
-    let config = Config {
-        budget: bytes,
-        workers: threads,
-        fault_locks: (2 * threads).next_power_of_two(),
-        locks,
-        ..base.clone()
-    };
-    let mm = Manager::builder().config(config).build()?;
+    let mut config = base.clone();
+    config.budget = bytes;
+    config.workers = threads;
+    config.experiment.fault_locks = Some((2 * threads).next_power_of_two());
+    config.experiment.locks = locks;
+    let mm = ManagerBuilder::from_config(config).build()?;
     let store = Delayed::new(Zero, Duration::from_micros(latency_us));
-    let r = mm.map(bytes, store, MapOptions::new().page_size(PageSize::Huge2M))?;
+    // `Delayed` is never a zero store (every fault calls its read, which
+    // sleeps) and `Zero` keeps no writes: the region is pinned (never
+    // reclaimed; the budget holds all of it), so its writes live in memory.
+    let opts = MapOptions::new().page_size(PageSize::Huge2M).pinned(true);
+    let r = mm.map(bytes, store, opts)?;
     let pages = bytes / PageSize::Huge2M.bytes();
     let barrier = Barrier::new(threads);
-    let base_addr = r.addr();
+    let base_addr = r.as_mut_ptr() as usize;
     // Each thread notes when it started (after the barrier) and finished;
     // the run lasts from the first start to the last finish. (Timing from
     // the spawning thread would start late when it is not scheduled at once
@@ -55,8 +57,11 @@ fn one(
                     barrier.wait();
                     let start = Instant::now();
                     for p in (t..pages).step_by(threads) {
-                        // SAFETY: page p lies inside the region, which
-                        // outlives this scope.
+                        // Raw access: the run times write faults, not an
+                        // API call.
+                        // SAFETY: page p lies inside the writable region,
+                        // which outlives this scope, and thread t alone
+                        // touches pages t, t + T, t + 2T, ...
                         unsafe {
                             ((base_addr + p * PageSize::Huge2M.bytes()) as *mut u8)
                                 .write_volatile(1)
@@ -114,17 +119,14 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     );
     report.config =
         json!({"region_bytes": bytes, "page": "2m", "repetitions": reps, "workers": "= threads"});
-    let configs: Vec<(u64, usize, LockMode)> = [0u64, 100]
+    let modes = [(LockMode::Global, "global"), (LockMode::Hashed, "hashed")];
+    let configs: Vec<(u64, usize, (LockMode, &str))> = [0u64, 100]
         .iter()
-        .flat_map(|&l| {
-            threads
-                .iter()
-                .flat_map(move |&t| [LockMode::Global, LockMode::Hashed].map(|m| (l, t, m)))
-        })
+        .flat_map(|&l| threads.iter().flat_map(move |&t| modes.map(|m| (l, t, m))))
         .collect();
     let bar = progress((configs.len() * reps) as u64, "parallel");
     let mut global_secs = std::collections::HashMap::new();
-    for (latency, t, mode) in configs {
+    for (latency, t, (mode, name)) in configs {
         let mut runs = Vec::new();
         for _ in 0..reps {
             runs.push(one(mode, t, latency, bytes, &base)?);
@@ -134,10 +136,6 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         let mut secs: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
         let s = Summary::of(&mut secs);
         let mid = &runs[runs.len() / 2];
-        let name = match mode {
-            LockMode::Global => "global",
-            LockMode::Hashed => "hashed",
-        };
         if mode == LockMode::Global {
             global_secs.insert((latency, t), s.median);
         }

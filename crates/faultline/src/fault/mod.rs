@@ -1,91 +1,50 @@
-//! Fault service: the worker threads that resolve faults ([`service`]) and
-//! the locks that serialize them per page ([`locks`]).
+//! The fault service: worker threads that read userfaultfd events and
+//! resolve each missing-page fault by moving a filled pool frame into place.
 //!
-//! Errors of the fault path are [`FaultError`] values, queued by the manager
-//! and returned by the next call that asks ([`crate::Manager::take_error`],
-//! [`crate::Region::take_error`]); the faulting thread itself gets SIGBUS.
+//! One fault, in order (file: function):
+//! `service.rs: run_worker` reads the event → `service.rs: handle` looks up
+//! the region (`region/table.rs: lookup`) and takes the page's fault lock
+//! (`locks.rs`) → `resolve.rs: resolve` dispatches on the page's state →
+//! `unit.rs: take` chooses the unit (page, fault-around window, read-ahead
+//! run) and takes its frame (`reclaim.rs: alloc`, reclaiming if none is
+//! free) → `resolve.rs: fill_unit` (`fill.rs: fill`: zeros in the
+//! configured order, or the store's bytes) → `resolve.rs: map_in` records
+//! the pages resident and moves the frame in (`pagemove: move_in`, which
+//! wakes the faulting threads) → unlock.
+//!
+//! Intake is never held up by a slow fault: before a worker does anything
+//! that may block (a store read, or waiting for a page lock another worker
+//! holds), it hands the rest of its batch to the core's deferred queue.
+//! Workers are pinned one per CPU and block in `epoll_wait` on the
+//! userfaultfd, the deferred queue's eventfd and a shutdown eventfd. An idle
+//! worker (no event to read) helps with an offered migration copy, one piece
+//! at a time, checking for faults between pieces. Workers never touch region
+//! memory, so they never fault themselves; a store that does (reads another
+//! region) is served by the others, and if every worker is inside a store
+//! call the standby worker serves faults until one returns
+//! ([`service::run_standby`]).
+//!
+//! Errors of the fault path are [`crate::FaultError`] values queued in the
+//! core; the faulting thread itself gets SIGBUS.
 
-pub mod locks;
-pub mod service;
+mod resolve;
+pub(crate) mod service;
+mod unit;
 pub(crate) mod unmap;
 
-use crate::store::StoreError;
-use faultline_sys::SysError;
+pub(crate) use resolve::prefetch_page;
 
-pub use locks::FaultLocks;
-pub use service::Resolution;
-
-/// Why a fault could not be served (or went wrong).
-#[derive(Debug, thiserror::Error)]
-pub enum FaultError {
-    /// The pool had no free frame of the page's size.
-    #[error("no free {page_size} frame for the page at {addr:#x}: the budget is exhausted")]
-    NoFrame {
-        /// Page address.
-        addr: usize,
-        /// `"4k"` or `"2m"`.
-        page_size: &'static str,
-    },
-    /// The region's store could not supply the page.
-    #[error("filling the page at {addr:#x} failed: {source}")]
-    Store {
-        /// Page address.
-        addr: usize,
-        /// The store's error.
-        #[source]
-        source: StoreError,
-    },
-    /// An ioctl resolving the page failed.
-    #[error("resolving the page at {addr:#x} failed: {source}")]
-    Move {
-        /// Page address.
-        addr: usize,
-        /// The failed call, with errno.
-        #[source]
-        source: SysError,
-    },
-    /// Poisoning failed: the faulting thread may refault.
-    #[error("poisoning the page at {addr:#x} failed: {source}")]
-    Poison {
-        /// Page address.
-        addr: usize,
-        /// The failed call, with errno.
-        #[source]
-        source: SysError,
-    },
-    /// faultline's state and the page tables disagree.
-    #[error("page at {addr:#x}: {what}")]
-    Inconsistent {
-        /// Page address.
-        addr: usize,
-        /// What disagreed.
-        what: &'static str,
-    },
-    /// A byte range passed to the API is not a range inside the region.
-    #[error("range {start}..{end} is not inside the region of {len} bytes")]
-    BadRange {
-        /// Start offset asked for.
-        start: usize,
-        /// End offset asked for.
-        end: usize,
-        /// The region's length.
-        len: usize,
-    },
-    /// Reading events from the userfaultfd failed.
-    #[error("reading fault events failed: {0}")]
-    Events(#[source] SysError),
-}
-
-impl FaultError {
-    /// The page address the error concerns, if any.
-    pub fn addr(&self) -> Option<usize> {
-        match self {
-            FaultError::NoFrame { addr, .. }
-            | FaultError::Store { addr, .. }
-            | FaultError::Move { addr, .. }
-            | FaultError::Poison { addr, .. }
-            | FaultError::Inconsistent { addr, .. } => Some(*addr),
-            FaultError::Events(_) | FaultError::BadRange { .. } => None,
-        }
-    }
+/// What happened to one fault event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resolution {
+    /// A frame was filled and moved into place.
+    Moved,
+    /// The page was already mapped; the faulting threads were woken.
+    AlreadyMapped,
+    /// The region is being torn down; the faulting threads were woken.
+    Dying,
+    /// The page was poisoned; its threads get SIGBUS.
+    Poisoned,
+    /// No region holds the address.
+    Stray,
 }

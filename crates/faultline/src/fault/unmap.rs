@@ -23,8 +23,8 @@
 //! Locks: the region table's snapshot (no lock), then each page's fault
 //! lock, one at a time.
 
+use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator};
-use crate::manager::Core;
 use crate::pagemove::{self, Holes};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
@@ -71,7 +71,7 @@ fn give_up(core: &Core, r: &RegionInner, page: usize, s: usize, e: usize) {
     let frame = Frame::from_parts(f, r.page_size.order());
     let slot = core.pool.addr_of(&frame);
     if let Err(source) = pagemove::fill_holes(core, slot, frame.bytes()) {
-        core.record(crate::FaultError::Move { addr: slot, source });
+        core.record(crate::error::FaultError::Move { addr: slot, source });
     }
     core.pool.set_zeroed(&frame, false);
     core.alloc.free(frame);
@@ -96,7 +96,7 @@ fn hand_back_rest(core: &Core, r: &RegionInner, page: usize, f: u32, s: usize, e
         let moved =
             unsafe { pagemove::move_range(core, lo, slot + off, hi - lo, Holes::Forbid, true) };
         if let Err(err) = moved {
-            core.record(crate::FaultError::Move {
+            core.record(crate::error::FaultError::Move {
                 addr: lo,
                 source: err.into_sys(lo, hi - lo),
             });

@@ -128,6 +128,7 @@ impl FrameAlloc {
     }
 
     /// The configuration in force.
+    #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
     pub fn config(&self) -> AllocConfig {
         self.config
     }

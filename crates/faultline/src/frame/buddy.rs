@@ -58,6 +58,7 @@ impl Buddy {
     }
 
     /// Free blocks of `order`.
+    #[cfg(test)]
     pub fn free_blocks(&self, order: u8) -> usize {
         self.count[order as usize]
     }

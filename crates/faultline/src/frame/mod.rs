@@ -9,11 +9,12 @@
 //! the sum of the other two; regions track the third; a `Frame` value is the
 //! second.
 
-pub mod alloc;
-pub mod buddy;
-pub mod pool;
-pub mod pools;
+mod alloc;
+mod buddy;
+mod pool;
+mod pools;
 
+#[cfg_attr(not(feature = "bench-internals"), allow(unused_imports))]
 pub use alloc::{AllocConfig, FrameAlloc, FrameAllocator};
 pub use pool::{Frame, Pool, PoolError, HUGE_ORDER, PAGES_PER_HUGE};
-pub use pools::{FramePools, PoolId};
+pub use pools::{FramePools, PartSpec, PoolId};

@@ -11,7 +11,7 @@
 //! `0 = absent`, `POISONED = poisoned`, otherwise `frame index + 1`, with
 //! bit 31 set while the page is *parked* (soft-unmapped by reclaim: its data
 //! sits in its frame's pool slot, and a touch faults it back cheaply). Invariant: a page's state changes
-//! only under its fault lock (see [`crate::fault::locks`]). It is set to
+//! only under its fault lock (see [`crate::locks`]). It is set to
 //! resident *before* the move that wakes the faulting threads, and stored with
 //! Release; readers without the lock (the API, teardown's scan) load with
 //! Acquire, so a thread that has seen its page's content also sees the page
@@ -70,6 +70,8 @@ pub struct RegionInner {
     /// (dirty tracking: [`crate::dirty`]).
     pub(crate) fps: Option<crate::dirty::Fingerprints>,
     dying: AtomicBool,
+    /// Never reclaimed ([`crate::MapOptions::pinned`]).
+    pub(crate) pinned: bool,
     /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
     /// a few threads each reading sequentially are each recognized. A leaf
     /// mutex, taken only on faults of store-backed regions.
@@ -83,6 +85,7 @@ impl RegionInner {
         page_size: PageSize,
         store: Arc<dyn Store>,
         window: usize,
+        pinned: bool,
     ) -> RegionInner {
         let n = map.len() / page_size.bytes();
         let fps = store.writable().then(|| crate::dirty::Fingerprints::new(n));
@@ -95,6 +98,7 @@ impl RegionInner {
             pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
             fps,
             dying: AtomicBool::new(false),
+            pinned,
             streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
     }
@@ -191,14 +195,6 @@ impl RegionInner {
             .count()
     }
 
-    /// Pages holding a frame, mapped or parked (exact when nothing runs).
-    pub fn holding_frames(&self) -> usize {
-        self.pages
-            .iter()
-            .filter(|p| !matches!(p.load(Ordering::Acquire), 0 | POISONED | GONE))
-            .count()
-    }
-
     /// Extends a run of pages from `page` (whose lock the caller holds): the
     /// longest run of at most `max` pages, each satisfying `ok`, whose fault
     /// locks the caller holds (`held`, lock indices) or can take right now —
@@ -207,11 +203,11 @@ impl RegionInner {
     /// page is re-checked under its lock. Returns the run's length (≥ 1).
     pub(crate) fn lock_run<'a>(
         &self,
-        locks: &'a crate::fault::FaultLocks,
+        locks: &'a crate::locks::FaultLocks,
         page: usize,
         max: usize,
         held: &mut Vec<usize>,
-        guards: &mut Vec<crate::fault::locks::FaultGuard<'a>>,
+        guards: &mut Vec<crate::locks::FaultGuard<'a>>,
         ok: impl Fn(usize) -> bool,
     ) -> usize {
         let mut n = 1;

@@ -30,63 +30,13 @@
 //! line on the lookup path); [`thread_counters`] reads the calling thread's.
 
 use super::RegionInner;
+use crate::config::LookupCache;
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-
-/// A lookup cache scheme.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum LookupCache {
-    /// No cache.
-    None,
-    /// One shared last-hit entry.
-    Shared,
-    /// One shared last-hit entry plus the largest region.
-    SharedLargest,
-    /// Four shared entries indexed by address bits.
-    Hash4,
-    /// Each thread's last four hits.
-    PerThread,
-}
-
-impl LookupCache {
-    /// Every scheme, in the benchmark's order.
-    pub const ALL: [LookupCache; 5] = [
-        LookupCache::None,
-        LookupCache::Shared,
-        LookupCache::SharedLargest,
-        LookupCache::Hash4,
-        LookupCache::PerThread,
-    ];
-
-    /// Name as in the benchmark's rows.
-    pub fn name(self) -> &'static str {
-        match self {
-            LookupCache::None => "none",
-            LookupCache::Shared => "shared",
-            LookupCache::SharedLargest => "shared+largest",
-            LookupCache::Hash4 => "hash4",
-            LookupCache::PerThread => "per-thread",
-        }
-    }
-
-    fn from_u8(v: u8) -> LookupCache {
-        LookupCache::ALL
-            .get(v as usize)
-            .copied()
-            .unwrap_or(LookupCache::None)
-    }
-
-    fn to_u8(self) -> u8 {
-        LookupCache::ALL
-            .iter()
-            .position(|&c| c == self)
-            .unwrap_or(0) as u8
-    }
-}
 
 /// Lookup counters of one thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,11 +62,13 @@ thread_local! {
 }
 
 /// The calling thread's lookup counters.
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
 pub fn thread_counters() -> LookupCounters {
     PER_THREAD.with(|c| c.try_borrow().map(|c| c.counters).unwrap_or_default())
 }
 
 /// Resets the calling thread's lookup counters.
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
 pub fn reset_thread_counters() {
     PER_THREAD.with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
@@ -377,13 +329,9 @@ impl RegionTable {
     }
 
     /// Whether the table is empty.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Changes so far.
-    pub fn seq(&self) -> u64 {
-        self.seq.load(Ordering::SeqCst)
     }
 }
 
@@ -411,6 +359,7 @@ mod tests {
                     PageSize::Base4K,
                     Arc::new(Zero),
                     1,
+                    false,
                 ))
             })
             .collect()

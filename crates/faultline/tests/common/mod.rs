@@ -2,27 +2,48 @@
 //! needs userfaultfd with `UFFDIO_MOVE`; without it, it fails with the reason.
 #![allow(dead_code)]
 
-use faultline::{Config, Manager};
+use faultline::{Config, Manager, ManagerBuilder};
 use std::path::PathBuf;
 
 pub const MIB: usize = 1 << 20;
 
 /// A manager with `config`, or a panic that says what is missing.
 pub fn manager_with(config: Config) -> Manager {
-    Manager::builder()
-        .config(config)
+    ManagerBuilder::from_config(config)
         .build()
         .unwrap_or_else(|e| panic!("this test needs userfaultfd with UFFDIO_MOVE: {e}"))
 }
 
 /// A manager with `budget` bytes and 2 workers, defaults otherwise.
 pub fn manager(budget: usize) -> Manager {
-    manager_with(Config {
-        budget,
-        workers: 2,
-        fault_locks: 4,
-        ..Config::default()
-    })
+    let mut c = Config::default();
+    c.budget = budget;
+    c.workers = 2;
+    c.experiment.fault_locks = Some(4);
+    manager_with(c)
+}
+
+/// A config with `budget` bytes and 2 workers, defaults otherwise (change
+/// fields, then [`manager_with`]).
+pub fn config(budget: usize) -> Config {
+    let mut c = Config::default();
+    c.budget = budget;
+    c.workers = 2;
+    c
+}
+
+/// Reads the byte at `offset` of `r` (safe: through `read_at`).
+pub fn byte<A: faultline::Access>(r: &faultline::Region<A>, offset: usize) -> u8 {
+    let mut b = [0u8];
+    r.read_at(offset, &mut b)
+        .expect("read_at inside the region");
+    b[0]
+}
+
+/// Writes `v` at byte `offset` of `r` (safe: through `write_at`).
+pub fn set_byte(r: &faultline::Region, offset: usize, v: u8) {
+    r.write_at(offset, &[v])
+        .expect("write_at inside the region");
 }
 
 /// A small deterministic generator (xorshift), so failures reproduce.
@@ -146,7 +167,8 @@ impl Drop for ScratchDir {
 pub fn map_file(mm: &Manager, path: &std::path::Path, pages: usize) -> faultline::Region {
     mm.map(
         pages * 4096,
-        faultline::store::File::open(path, 0, true).expect("open"),
+        faultline::store::File::open(path, faultline::store::FileOptions::new().writable(true))
+            .expect("open"),
         faultline::MapOptions::new(),
     )
     .expect("map")

@@ -1,12 +1,16 @@
-//! Configuration: the [`Config`] a manager is built from, its validation, and
-//! the per-region [`MapOptions`].
+//! Configuration: the [`Config`] a manager is built from (what users set),
+//! its [`Experiment`] switches (the seeds' baselines, in `experiment.rs`),
+//! their validation, and the per-region [`MapOptions`].
 //!
 //! Invariants of a validated config: `budget % 2 MiB == 0`,
-//! `2 MiB <= budget <= physical memory`, `workers >= 1`,
-//! `fault_locks` is a power of two. Every baseline switch of the experiments
-//! (`locks = global`, ...) lives here, so a benchmark flips a field, never a
-//! code path of its own. Plain data, no locks.
+//! `2 MiB <= budget <= physical memory` and within what the process may
+//! still take (cgroup limit, available memory), `1 <= workers <= 1024`,
+//! reclaim watermarks `low <= high <= 100`, the lock table a power of two.
+//! Plain data, no locks.
 
+mod experiment;
+
+pub use experiment::{CopyMethod, Experiment, FillOrder, LockMode, LookupCache};
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 
 /// Size of the pages of one region.
@@ -44,18 +48,12 @@ impl PageSize {
     }
 }
 
-/// How faults on distinct pages are serialized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum LockMode {
-    /// One lock for every fault: the pre-seed baseline (seed 003).
-    Global,
-    /// A table of `fault_locks` padded locks indexed by a hash of the page.
-    Hashed,
-}
-
-/// Configuration of a [`crate::Manager`]. Build one with
-/// [`crate::Manager::builder`]; every field has a measured default.
+/// Configuration of a [`crate::Manager`]. Set it through
+/// [`crate::Manager::builder`], or start from `Config::default()`, change
+/// fields and pass it to [`crate::ManagerBuilder::from_config`]; every field
+/// has a measured default, and `build()` validates the whole.
 #[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
 pub struct Config {
     /// Bytes of frames faultline may hold (the pool size), a multiple of
     /// 2 MiB. Default 256 MiB.
@@ -66,55 +64,17 @@ pub struct Config {
     /// faulting thread's CPU resolves a fault without a cross-CPU wake-up
     /// (see docs/design.md, "Worker placement").
     pub pin_workers: bool,
-    /// Fault lock discipline. Default [`LockMode::Hashed`].
-    pub locks: LockMode,
-    /// Number of locks in the hashed table (power of two). Default: the next
-    /// power of two of `2 * workers` (seed 003's sizing), at least 64: a
-    /// read-ahead run tries the locks of its pages, and with a table of 4 a
-    /// concurrent fault holds one of them a quarter of the time.
-    pub fault_locks: usize,
-    /// Events read per `read(2)` on the userfaultfd. Default 16.
-    pub event_batch: usize,
-    /// Wake one idle worker per event (`EPOLLEXCLUSIVE`) instead of all.
-    /// Off by default: on the 2-vCPU guest it was measured slower (4 KiB
-    /// first touch 83-115 µs against 28-31 µs), because the one woken is the
-    /// first registered, not the one on the faulting CPU.
-    pub exclusive_wake: bool,
-    /// Per-CPU lists of 4 KiB frames in front of the buddy allocator (seed
-    /// 004). `false` is the pre-seed baseline: every allocation and free takes
-    /// the zone lock.
-    pub pcp: bool,
-    /// Frames a per-CPU list takes from, or gives back to, the buddy
-    /// allocator at once. Default 128: `faultline bench alloc --quick` with
-    /// batch/high 8/64, 32/256 and 128/1024 gave pcp totals at alloc batch 1
-    /// of 37.5, 36.5 and 31.0 ns and at batch 1024 (2 threads) of 208, 71
-    /// and 27 ns.
-    pub pcp_batch: usize,
-    /// A per-CPU list holding more than this drains `pcp_batch` frames.
-    /// Default 1024 (4 MiB per CPU; an allocation that finds the zone empty
-    /// drains every list first).
-    pub pcp_high: usize,
     /// Fault-around for 4 KiB regions: a fault maps the aligned run of this
     /// many pages around the faulting one (all absent) with one frame run and
     /// one `UFFDIO_MOVE`. A power of two up to 512; 1 turns it off. Default 16
     /// (`faultline bench alloc`, fault rows).
     pub fault_around: usize,
-    /// Sub-page order for clearing a 2 MiB frame on the fault path (seed
-    /// 000). Default `NeighbourhoodLast`: in `faultline bench clear-order`
-    /// (64 pages per writer, median of 5) it streamed 4.42 GB/s with 1 writer
-    /// and 6.86 with 2, against 3.90 and 6.24 for sequential and 3.34 and
-    /// 4.91 for target-last, and left the target sub-page hot (2 cycles per
-    /// line against 7). Under cache pressure sequential led (4.53 vs 3.97).
-    pub fill_order: crate::fill::FillOrder,
     /// A low-priority zeroing worker keeps `prezero_reserve` zeroed 2 MiB
     /// frames ready, so a 2 MiB fault needs no clearing. Default on.
     pub prezero: bool,
     /// Zeroed 2 MiB frames to keep ready. Default 8 (16 MiB). The reserve
     /// gives its frames back when an allocation finds the pool empty.
     pub prezero_reserve: usize,
-    /// The lookup cache in front of the region table (seed 002). Default
-    /// `PerThread` (`faultline bench lookup`).
-    pub lookup_cache: crate::region::table::LookupCache,
     /// Reclaim pages of store-backed regions under the budget (CLOCK with
     /// soft-unmap): synchronously when a fault finds no free frame, and in
     /// the background below `reclaim_low_pct` of the pool free, up to
@@ -130,12 +90,6 @@ pub struct Config {
     /// sequential reader through a budget 5x smaller than its file ran
     /// 70–84 k reads/s at 64, 109–116 k at 256, 93–129 k at 512.
     pub readahead_max: usize,
-    /// Record the addresses of up to this many faults (0: off), for replay by
-    /// `faultline bench lookup` ([`crate::Manager::fault_trace`]).
-    pub trace_faults: usize,
-    /// Busy-poll the userfaultfd this many microseconds after the last event
-    /// before blocking in `poll(2)`. Default 0 (block at once).
-    pub spin_us: u32,
     /// The NUMA node pool 0 (the budget) is bound to; `None` (default): no
     /// binding, the kernel's policy.
     pub node: Option<u32>,
@@ -149,22 +103,10 @@ pub struct Config {
     /// flush on the first write to each other page of the block). 2 MiB
     /// frames come from the rest first. Default 0.
     pub small_zone_pct: usize,
-    /// How migration copies a frame. Default [`CopyMethod::ChunkedNt`]
-    /// (measured fastest when the pages moved exceed the caches; see
-    /// docs/design.md, "Migration").
-    pub migrate_copy: CopyMethod,
-    /// Threads that share one migration's copy: the migrating thread plus up
-    /// to `migrate_threads - 1` fault workers, which take copy chunks only
-    /// while they have no fault to serve. Default 1 (copy alone): on the
-    /// 2-vCPU machine this was measured on, one thread already reaches the
-    /// memory bandwidth of the 2 MiB copy, and a helper — a thread of this
-    /// process — draws TLB-shootdown IPIs to its CPU for every move while it
-    /// runs (docs/design.md, "Migration").
-    pub migrate_threads: usize,
-    /// Bytes per copy chunk handed to a worker (a power of two, 4 KiB to
-    /// 2 MiB): the longest a worker is away from its fault queue. Default
-    /// 64 KiB (about 5 µs of copying).
-    pub migrate_chunk: usize,
+    /// The seeds' experiment switches and their pre-seed baselines (lock
+    /// table, per-CPU lists, clear order, lookup cache, migration copy).
+    /// Users leave it at its default.
+    pub experiment: Experiment,
 }
 
 /// One pool beyond the first (see [`Config::extra_pools`]).
@@ -176,62 +118,23 @@ pub struct PoolSpec {
     pub node: Option<u32>,
 }
 
-/// How migration copies a frame's bytes (seed 001).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum CopyMethod {
-    /// The pre-seed baseline: a loop of 4 KiB copies, one call per page, on
-    /// the migrating thread alone.
-    PerPage,
-    /// One large copy (`memcpy`) per frame, cut into `migrate_chunk` pieces
-    /// that up to `migrate_threads` threads share.
-    Chunked,
-    /// As `Chunked`, with non-temporal (streaming) stores for pieces of
-    /// 64 KiB and more: the new frame's bytes do not displace the cache.
-    ChunkedNt,
-}
-
-impl CopyMethod {
-    /// Name as used in benchmark output.
-    pub fn name(self) -> &'static str {
-        match self {
-            CopyMethod::PerPage => "per-page",
-            CopyMethod::Chunked => "chunked",
-            CopyMethod::ChunkedNt => "chunked-nt",
-        }
-    }
-}
-
 impl Default for Config {
     fn default() -> Self {
-        let workers = faultline_sys::host::online_cpus().max(1);
         Config {
             budget: 256 << 20,
-            workers,
+            workers: faultline_sys::host::online_cpus().max(1),
             pin_workers: true,
-            locks: LockMode::Hashed,
-            fault_locks: (2 * workers).next_power_of_two().max(64),
-            event_batch: 16,
-            exclusive_wake: false,
-            pcp: true,
-            pcp_batch: 128,
-            pcp_high: 1024,
             fault_around: 16,
-            fill_order: crate::fill::FillOrder::NeighbourhoodLast,
             prezero: true,
             prezero_reserve: 8,
-            lookup_cache: crate::region::table::LookupCache::PerThread,
-            trace_faults: 0,
             readahead_max: 256,
             reclaim: true,
             reclaim_low_pct: 5,
             reclaim_high_pct: 10,
-            spin_us: 0,
             node: None,
             extra_pools: Vec::new(),
             small_zone_pct: 0,
-            migrate_copy: CopyMethod::ChunkedNt,
-            migrate_threads: 1,
-            migrate_chunk: 64 << 10,
+            experiment: Experiment::default(),
         }
     }
 }
@@ -263,6 +166,7 @@ impl Config {
 
 /// A configuration that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The budget is below one 2 MiB frame.
     #[error("budget of {budget} bytes is below one 2 MiB frame")]
@@ -313,7 +217,19 @@ pub enum ConfigError {
 
 impl Config {
     /// Checks the invariants listed in the module docs.
+    ///
+    /// # Errors
+    /// The first [`ConfigError`] found, naming the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_budget()?;
+        self.validate_ranges()?;
+        self.validate_nodes()?;
+        self.experiment.validate(self.workers)
+    }
+
+    /// The budget and the extra pools: whole 2 MiB frames, within physical
+    /// memory and within what this process may still take.
+    fn validate_budget(&self) -> Result<(), ConfigError> {
         if self.budget < HUGE_PAGE_SIZE {
             return Err(ConfigError::BudgetTooSmall {
                 budget: self.budget,
@@ -325,43 +241,6 @@ impl Config {
             });
         }
         let physical = faultline_sys::host::physical_memory();
-        if self.budget > physical {
-            return Err(ConfigError::BudgetTooLarge {
-                budget: self.budget,
-                physical,
-            });
-        }
-        if self.workers == 0 {
-            return Err(ConfigError::NoWorkers);
-        }
-        if self.workers > 1024 {
-            return Err(ConfigError::OutOfRange {
-                field: "workers",
-                value: self.workers,
-                why: "1..=1024",
-            });
-        }
-        if !self.fault_locks.is_power_of_two() || self.fault_locks > 1 << 20 {
-            return Err(ConfigError::OutOfRange {
-                field: "fault_locks",
-                value: self.fault_locks,
-                why: "a power of two up to 2^20",
-            });
-        }
-        if !self.fault_around.is_power_of_two() || self.fault_around > 512 {
-            return Err(ConfigError::OutOfRange {
-                field: "fault_around",
-                value: self.fault_around,
-                why: "a power of two from 1 to 512",
-            });
-        }
-        if self.pcp_batch == 0 || self.pcp_batch > 4096 || self.pcp_high < self.pcp_batch {
-            return Err(ConfigError::OutOfRange {
-                field: "pcp_batch",
-                value: self.pcp_batch,
-                why: "1..=4096 and at most pcp_high",
-            });
-        }
         let total = self.extra_pools.iter().try_fold(self.budget, |t, p| {
             if p.bytes < HUGE_PAGE_SIZE || p.bytes % HUGE_PAGE_SIZE != 0 {
                 Err(ConfigError::OutOfRange {
@@ -373,81 +252,73 @@ impl Config {
                 Ok(t.saturating_add(p.bytes))
             }
         })?;
-        if total > physical || total / faultline_sys::PAGE_SIZE > u32::MAX as usize / 2 {
+        if total > physical || total / PAGE_SIZE > u32::MAX as usize / 2 {
             return Err(ConfigError::BudgetTooLarge {
                 budget: total,
                 physical,
             });
         }
-        if let Some((room, limit)) = faultline_sys::host::memory_room() {
-            if total > room {
-                return Err(ConfigError::NoRoom {
-                    bytes: total,
-                    room,
-                    limit,
-                });
-            }
+        match faultline_sys::host::memory_room() {
+            Some((room, limit)) if total > room => Err(ConfigError::NoRoom {
+                bytes: total,
+                room,
+                limit,
+            }),
+            _ => Ok(()),
         }
-        if self.reclaim_low_pct > self.reclaim_high_pct || self.reclaim_high_pct > 100 {
-            return Err(ConfigError::OutOfRange {
-                field: "reclaim_low_pct",
-                value: self.reclaim_low_pct,
-                why: "at most reclaim_high_pct, which is at most 100",
-            });
+    }
+
+    /// Every other field's range.
+    fn validate_ranges(&self) -> Result<(), ConfigError> {
+        if self.workers == 0 {
+            return Err(ConfigError::NoWorkers);
         }
+        let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
+        let checks = [
+            ("workers", self.workers, self.workers <= 1024, "1..=1024"),
+            (
+                "fault_around",
+                self.fault_around,
+                pow2(self.fault_around),
+                "a power of two from 1 to 512",
+            ),
+            (
+                "reclaim_low_pct",
+                self.reclaim_low_pct,
+                self.reclaim_low_pct <= self.reclaim_high_pct && self.reclaim_high_pct <= 100,
+                "at most reclaim_high_pct, which is at most 100",
+            ),
+            (
+                "small_zone_pct",
+                self.small_zone_pct,
+                self.small_zone_pct <= 100,
+                "0..=100",
+            ),
+            (
+                "readahead_max",
+                self.readahead_max,
+                pow2(self.readahead_max),
+                "a power of two from 1 to 512",
+            ),
+        ];
+        match checks.into_iter().find(|c| !c.2) {
+            Some((field, value, _, why)) => Err(ConfigError::OutOfRange { field, value, why }),
+            None => Ok(()),
+        }
+    }
+
+    /// Every node named is online.
+    fn validate_nodes(&self) -> Result<(), ConfigError> {
         let online = faultline_sys::host::numa_nodes();
-        for node in self
-            .extra_pools
-            .iter()
-            .filter_map(|p| p.node)
-            .chain(self.node)
-        {
-            if !online.contains(&node) {
-                return Err(ConfigError::OutOfRange {
-                    field: "node",
-                    value: node as usize,
-                    why: "an online NUMA node (/sys/devices/system/node/online)",
-                });
-            }
+        let nodes = self.extra_pools.iter().filter_map(|p| p.node);
+        match nodes.chain(self.node).find(|n| !online.contains(n)) {
+            Some(node) => Err(ConfigError::OutOfRange {
+                field: "node",
+                value: node as usize,
+                why: "an online NUMA node (/sys/devices/system/node/online)",
+            }),
+            None => Ok(()),
         }
-        if self.migrate_threads == 0 || self.migrate_threads > self.workers + 1 {
-            return Err(ConfigError::OutOfRange {
-                field: "migrate_threads",
-                value: self.migrate_threads,
-                why: "1..=workers + 1",
-            });
-        }
-        if !self.migrate_chunk.is_power_of_two()
-            || !(faultline_sys::PAGE_SIZE..=HUGE_PAGE_SIZE).contains(&self.migrate_chunk)
-        {
-            return Err(ConfigError::OutOfRange {
-                field: "migrate_chunk",
-                value: self.migrate_chunk,
-                why: "a power of two from 4 KiB to 2 MiB",
-            });
-        }
-        if self.small_zone_pct > 100 {
-            return Err(ConfigError::OutOfRange {
-                field: "small_zone_pct",
-                value: self.small_zone_pct,
-                why: "0..=100",
-            });
-        }
-        if !self.readahead_max.is_power_of_two() || self.readahead_max > 512 {
-            return Err(ConfigError::OutOfRange {
-                field: "readahead_max",
-                value: self.readahead_max,
-                why: "a power of two from 1 to 512",
-            });
-        }
-        if self.event_batch == 0 || self.event_batch > 64 {
-            return Err(ConfigError::OutOfRange {
-                field: "event_batch",
-                value: self.event_batch,
-                why: "1..=64",
-            });
-        }
-        Ok(())
     }
 }
 
@@ -455,6 +326,7 @@ impl Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapOptions {
     pub(crate) page_size: PageSize,
+    pub(crate) pinned: bool,
 }
 
 impl Default for MapOptions {
@@ -468,6 +340,7 @@ impl MapOptions {
     pub fn new() -> Self {
         MapOptions {
             page_size: PageSize::Base4K,
+            pinned: false,
         }
     }
 
@@ -475,6 +348,16 @@ impl MapOptions {
     /// [`crate::Manager::map`] refuses other lengths rather than rounding.
     pub fn page_size(mut self, size: PageSize) -> Self {
         self.page_size = size;
+        self
+    }
+
+    /// Pins the region's pages in memory once faulted: reclaim never takes
+    /// them, so the region's writes live in memory and need no write-back —
+    /// any store may back a writable pinned region (the store only fills
+    /// pages on first touch). Pinned pages count against the budget until
+    /// the region is dropped. Default off.
+    pub fn pinned(mut self, pinned: bool) -> Self {
+        self.pinned = pinned;
         self
     }
 }
@@ -517,10 +400,8 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(c.validate(), Err(ConfigError::NoWorkers));
-        let c = Config {
-            fault_locks: 3,
-            ..Config::default()
-        };
+        let mut c = Config::default();
+        c.experiment.fault_locks = Some(3);
         assert!(matches!(
             c.validate(),
             Err(ConfigError::OutOfRange {
@@ -528,10 +409,8 @@ mod tests {
                 ..
             })
         ));
-        let c = Config {
-            event_batch: 0,
-            ..Config::default()
-        };
+        let mut c = Config::default();
+        c.experiment.event_batch = 0;
         assert!(c.validate().is_err());
     }
 }

@@ -14,10 +14,13 @@
 //! cost no extra cache-line transfer); [`FaultLocks::stat`] sums them.
 //!
 //! Invariant: a page's state (absent / resident / poisoned) and its mapping
-//! change only under its lock. Nothing that can fault on a managed region runs
-//! under a fault lock — workers never touch region memory, and a worker that
-//! faults is reported (see `fault::service`) — so holding one can never wait
-//! on another fault. Locks are leaves: while one is held only the allocator's
+//! change only under its lock. Workers never touch region memory, but a
+//! store called under a fault lock may (a store that reads another region):
+//! its thread then faults while holding the lock. Such a fault is served by
+//! another worker or the standby, and if its page needs a lock the faulting
+//! worker holds, under that worker's lock — the worker is stopped in the
+//! fault, so the lock is as good as the server's ([`FaultLocks::owner`]
+//! tells who holds it). Locks are leaves: while one is held only the allocator's
 //! locks, the pool's split lock and the stats histogram lock are taken, and
 //! they are leaves too — with two exceptions that cannot wait in a cycle:
 //! read-ahead only *tries* further fault locks, and migration takes several
@@ -27,6 +30,7 @@
 use crate::config::LockMode;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 /// Counters of one lock (or a sum of them).
@@ -40,15 +44,51 @@ pub struct LockStat {
     pub wait_ns: u64,
 }
 
-/// A held fault lock.
-pub type FaultGuard<'a> = MutexGuard<'a, LockStat>;
+/// A held fault lock; records its holder's thread while held (see
+/// [`FaultLocks::owner`]).
+#[derive(Debug)]
+pub struct FaultGuard<'a> {
+    /// Held for its drop: the unlock.
+    _guard: MutexGuard<'a, LockStat>,
+    owner: &'a AtomicU32,
+}
+
+impl<'a> FaultGuard<'a> {
+    fn new(mut guard: MutexGuard<'a, LockStat>, owner: &'a AtomicU32) -> FaultGuard<'a> {
+        guard.acquisitions += 1;
+        // Relaxed: read only by a server of this thread's own fault, which
+        // the kernel delivers after this store (the fault happens later in
+        // this thread).
+        owner.store(this_thread(), Ordering::Relaxed);
+        FaultGuard {
+            _guard: guard,
+            owner,
+        }
+    }
+}
+
+impl Drop for FaultGuard<'_> {
+    fn drop(&mut self) {
+        // The mutex itself unlocks after this, when `_guard` drops.
+        self.owner.store(0, Ordering::Relaxed);
+    }
+}
+
+/// This thread's kernel id, cached (0 never names a thread).
+pub(crate) fn this_thread() -> u32 {
+    thread_local! {
+        static TID: u32 = faultline_sys::host::thread_id();
+    }
+    TID.with(|t| *t)
+}
 
 /// The table. See the module docs.
 #[derive(Debug)]
 pub struct FaultLocks {
     locks: Box<[CachePadded<Mutex<LockStat>>]>,
+    /// The thread holding each lock (0: none).
+    owners: Box<[AtomicU32]>,
     mask: usize,
-    mode: LockMode,
 }
 
 impl FaultLocks {
@@ -63,24 +103,9 @@ impl FaultLocks {
             locks: (0..n)
                 .map(|_| CachePadded::new(Mutex::new(LockStat::default())))
                 .collect(),
+            owners: (0..n).map(|_| AtomicU32::new(0)).collect(),
             mask: n - 1,
-            mode,
         }
-    }
-
-    /// The discipline in force.
-    pub fn mode(&self) -> LockMode {
-        self.mode
-    }
-
-    /// Number of locks.
-    pub fn len(&self) -> usize {
-        self.locks.len()
-    }
-
-    /// Always false: there is at least one lock.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// Index of the lock of `(domain, page)`.
@@ -144,14 +169,13 @@ impl FaultLocks {
     /// fairly under contention), so only a holder that never lets go — not
     /// a busy table — makes it give up.
     fn lock_index_until(&self, index: usize, deadline: Instant) -> Option<FaultGuard<'_>> {
-        let mut g = self.locks[index & self.mask].try_lock_until(deadline)?;
-        g.acquisitions += 1;
-        Some(g)
+        let g = self.locks[index & self.mask].try_lock_until(deadline)?;
+        Some(FaultGuard::new(g, &self.owners[index & self.mask]))
     }
 
     fn lock_index(&self, index: usize) -> FaultGuard<'_> {
         let m = &self.locks[index & self.mask];
-        let mut g = match m.try_lock() {
+        let g = match m.try_lock() {
             Some(g) => g,
             None => {
                 let t = Instant::now();
@@ -161,15 +185,20 @@ impl FaultLocks {
                 g
             }
         };
-        g.acquisitions += 1;
-        g
+        FaultGuard::new(g, &self.owners[index & self.mask])
     }
 
     /// Takes the lock of `(domain, page)` if it is free right now.
     pub fn try_lock(&self, domain: u64, page: u64) -> Option<FaultGuard<'_>> {
-        let mut g = self.locks[self.index(domain, page)].try_lock()?;
-        g.acquisitions += 1;
-        Some(g)
+        let i = self.index(domain, page);
+        let g = self.locks[i].try_lock()?;
+        Some(FaultGuard::new(g, &self.owners[i]))
+    }
+
+    /// The thread holding lock `index` right now (0: none). Exact only for
+    /// a lock held by a thread that is stopped (in a fault being served).
+    pub fn owner(&self, index: usize) -> u32 {
+        self.owners[index & self.mask].load(Ordering::Relaxed)
     }
 
     /// The counters of every lock, summed.
@@ -192,14 +221,14 @@ mod tests {
     #[test]
     fn global_has_one_lock() {
         let l = FaultLocks::new(LockMode::Global, 64);
-        assert_eq!(l.len(), 1);
+        assert_eq!(l.locks.len(), 1);
         assert_eq!(l.index(3, 99), 0);
     }
 
     #[test]
     fn hashed_spreads_neighbours() {
         let l = FaultLocks::new(LockMode::Hashed, 16);
-        assert_eq!(l.len(), 16);
+        assert_eq!(l.locks.len(), 16);
         let used: std::collections::HashSet<usize> = (0..64).map(|p| l.index(1, p)).collect();
         assert!(
             used.len() >= 12,

@@ -12,8 +12,13 @@
 
 use std::fmt::Debug;
 
+mod file;
+
+pub use file::{File, FileOptions};
+
 /// A failed store operation.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// An I/O error on a page.
     #[error("store {op} of page {page} failed: {source}")]
@@ -86,12 +91,21 @@ pub trait Store: Send + Sync + Debug {
         true
     }
 
-    /// Fills `buf` (exactly one page) with page `page`.
+    /// Fills `buf` (exactly one page) with page `page`. Called by a fault
+    /// worker holding the page's fault lock; it may block (the other
+    /// workers, and the standby, go on serving).
+    ///
+    /// # Errors
+    /// Any [`StoreError`]: the page is poisoned (its faulting thread gets
+    /// SIGBUS), the error is queued, and the next touch tries again.
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
     /// Fills `buf` (a whole number of pages of `page_size` bytes) with the
     /// consecutive pages from `first`: read-ahead reads a run at once. The
     /// default reads page by page.
+    ///
+    /// # Errors
+    /// As [`Store::read`].
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
         for (i, chunk) in buf.chunks_mut(page_size).enumerate() {
             self.read(first + i as u64, chunk)?;
@@ -100,9 +114,16 @@ pub trait Store: Send + Sync + Debug {
     }
 
     /// Stores `buf` (exactly one page) as page `page`.
+    ///
+    /// # Errors
+    /// Any [`StoreError`]: the page stays dirty, in memory, and the error is
+    /// returned by the flush (or queued, for eviction and drop).
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError>;
 
     /// Makes every completed `write` durable.
+    ///
+    /// # Errors
+    /// Any [`StoreError`], returned by [`crate::Region::flush`].
     fn flush(&self) -> Result<(), StoreError>;
 
     /// A hint that pages `[first, first + pages)` (of `page_size` bytes) will
@@ -181,148 +202,6 @@ impl Store for Guarded {
     }
 }
 
-/// A region backed by `[offset, offset + region length)` of a file.
-///
-/// Page `p` of a region with page size `ps` is the file's bytes
-/// `[offset + p * ps, offset + (p + 1) * ps)`. Reads past the end of the file
-/// return zeros (a file shorter than its region reads as if zero-padded).
-/// A write there extends the file to the end of that page: `pwrite` past the
-/// end grows the file, and the gap before it, if any, reads as zeros.
-/// `flush` is `fsync`: durable when it returns. A read-only store refuses
-/// writes, so a read-only region never changes its file.
-#[derive(Debug)]
-pub struct File {
-    file: std::fs::File,
-    offset: u64,
-    writable: bool,
-    identity: u64,
-}
-
-impl File {
-    /// Opens `path` for a region mapping `[offset, ...)` of it; `writable`
-    /// opens it read-write (write-back allowed), otherwise read-only.
-    pub fn open(
-        path: impl AsRef<std::path::Path>,
-        offset: u64,
-        writable: bool,
-    ) -> std::io::Result<File> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(path)?;
-        Ok(Self::from_file(file, offset, writable))
-    }
-
-    /// Wraps an open file (which must be readable, and writable if
-    /// `writable`).
-    pub fn from_file(file: std::fs::File, offset: u64, writable: bool) -> File {
-        use std::os::unix::fs::MetadataExt;
-        // The object's identity: device and inode, mixed into one word.
-        let identity = file
-            .metadata()
-            .map(|m| m.dev().rotate_left(32) ^ m.ino().wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .unwrap_or(0);
-        File {
-            file,
-            offset,
-            writable,
-            identity,
-        }
-    }
-
-    /// The byte offset of `page` (pages of `len` bytes) in the file. Cannot
-    /// overflow for a page of a region: `Manager::map` refuses a region
-    /// whose offset plus length overflows; saturates otherwise (a read there
-    /// gets zeros, a write an error from the kernel).
-    fn at(&self, page: u64, len: usize) -> u64 {
-        page.saturating_mul(len as u64).saturating_add(self.offset)
-    }
-
-    /// One `pread` loop into `buf` from byte `at`; zeros past the end of the
-    /// file. `page` names the first page, for errors.
-    fn read_at(&self, page: u64, at: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        use std::os::unix::fs::FileExt;
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], at + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(StoreError::Io {
-                        op: "read",
-                        page,
-                        source,
-                    })
-                }
-            }
-        }
-        // Past the end of the file: zeros.
-        crate::fill::clear_rep_stosb(&mut buf[done..]);
-        Ok(())
-    }
-}
-
-impl Store for File {
-    fn name(&self) -> &'static str {
-        "file"
-    }
-
-    fn writable(&self) -> bool {
-        self.writable
-    }
-
-    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.read_at(first, self.at(first, page_size), buf)
-    }
-
-    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let at = self.at(page, buf.len());
-        self.read_at(page, at, buf)
-    }
-
-    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
-        // Best effort: a hint that fails changes nothing but speed.
-        let _ = faultline_sys::host::file_willneed(
-            &self.file,
-            self.at(first, page_size),
-            pages * page_size,
-        );
-    }
-
-    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
-        use std::os::unix::fs::FileExt;
-        if !self.writable {
-            return Err(StoreError::Unsupported {
-                store: "read-only file",
-                op: "write",
-            });
-        }
-        self.file
-            .write_all_at(buf, self.at(page, buf.len()))
-            .map_err(|source| StoreError::Io {
-                op: "write",
-                page,
-                source,
-            })
-    }
-
-    fn flush(&self) -> Result<(), StoreError> {
-        if !self.writable {
-            return Ok(());
-        }
-        self.file.sync_all().map_err(|source| StoreError::Io {
-            op: "flush",
-            page: 0,
-            source,
-        })
-    }
-
-    fn identity(&self) -> Option<(u64, u64)> {
-        Some((self.identity, self.offset))
-    }
-}
-
 /// A store wrapper that sleeps a fixed time before every read: a stand-in
 /// for a remote or slow store (seed 003's experiment). Its pages are the
 /// inner store's, so it is never `is_zero`: every fault calls `read`.
@@ -398,7 +277,7 @@ impl Store for Zero {
     }
 
     fn read(&self, _page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        crate::fill::clear(buf);
+        crate::memops::clear(buf);
         Ok(())
     }
 
@@ -417,30 +296,6 @@ impl Store for Zero {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_reads_zeros_past_the_end_and_writes_back() {
-        let dir = std::env::temp_dir().join(format!("faultline-store-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("f");
-        std::fs::write(&path, vec![7u8; 4096 + 100]).expect("write");
-        let f = File::open(&path, 0, true).expect("open");
-        let mut buf = vec![1u8; 4096];
-        f.read(1, &mut buf).expect("read");
-        assert!(buf[..100].iter().all(|&b| b == 7));
-        assert!(buf[100..].iter().all(|&b| b == 0), "zeros past the end");
-        f.write(2, &[9u8; 4096]).expect("write past the end");
-        f.flush().expect("fsync");
-        let bytes = std::fs::read(&path).expect("read back");
-        assert_eq!(bytes.len(), 3 * 4096, "the write extended the file");
-        assert!(bytes[4096 + 100..2 * 4096].iter().all(|&b| b == 0));
-        assert!(bytes[2 * 4096..].iter().all(|&b| b == 9));
-        let ro = File::open(&path, 4096, false).expect("open ro");
-        assert!(ro.write(0, &buf).is_err());
-        let (id_rw, _) = f.identity().expect("id");
-        assert_eq!(ro.identity(), Some((id_rw, 4096)), "same file, same object");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     #[test]
     fn delayed_sleeps_and_is_not_zero() {

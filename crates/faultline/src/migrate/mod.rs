@@ -36,19 +36,24 @@
 //! list, the pool's split lock). The job list's mutex is a leaf.
 
 use crate::config::{CopyMethod, PageSize};
-use crate::fault::service;
-use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
-use crate::manager::Core;
+use crate::copyjob::{Claims, CopyJob, Piece};
+use crate::core::Core;
+use crate::frame::{Frame, FrameAllocator, PoolId, PAGES_PER_HUGE};
 use crate::pagemove::{self, MoveError};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
-use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::atomic::Ordering;
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod collapse;
+
+pub(crate) use collapse::collapse;
+
 /// Why a migration or collapse did not (wholly) happen.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MigrateError {
     /// The target pool does not exist.
     #[error("no pool {pool}: this manager has {pools}")]
@@ -119,210 +124,6 @@ pub struct MigrateReport {
 
 // ---------------------------------------------------------------- copying --
 
-/// Copies `src` to `dst` as one large copy: SSE2 streaming stores for 64 KiB
-/// and more (the destination is not what this thread touches next), else
-/// `memcpy`.
-pub fn copy_large(dst: &mut [u8], src: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if dst.len() >= 64 << 10
-        && dst.len() == src.len()
-        && dst.len() % 64 == 0
-        && (dst.as_ptr() as usize) % 16 == 0
-        && (src.as_ptr() as usize) % 16 == 0
-    {
-        copy_nontemporal(dst, src);
-        return;
-    }
-    dst.copy_from_slice(src);
-}
-
-/// The pre-seed baseline: one `memcpy` call per 4 KiB page.
-pub fn copy_per_page(dst: &mut [u8], src: &[u8]) {
-    for (d, s) in dst.chunks_mut(PAGE_SIZE).zip(src.chunks(PAGE_SIZE)) {
-        d.copy_from_slice(s);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn copy_nontemporal(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_sfence, _mm_stream_si128};
-    debug_assert!(dst.len() == src.len() && dst.len() % 64 == 0);
-    let d = dst.as_mut_ptr().cast::<__m128i>();
-    let s = src.as_ptr().cast::<__m128i>();
-    let mut i = 0;
-    while i < dst.len() / 16 {
-        // SAFETY: `i..i + 4` lies inside both slices (lengths are equal
-        // multiples of 64 and i steps by 4 vectors), both are 16-byte aligned
-        // (checked by the caller), `dst` is held exclusively, and SSE2 is
-        // part of the x86_64 baseline.
-        unsafe {
-            let a = _mm_load_si128(s.add(i));
-            let b = _mm_load_si128(s.add(i + 1));
-            let c = _mm_load_si128(s.add(i + 2));
-            let e = _mm_load_si128(s.add(i + 3));
-            _mm_stream_si128(d.add(i), a);
-            _mm_stream_si128(d.add(i + 1), b);
-            _mm_stream_si128(d.add(i + 2), c);
-            _mm_stream_si128(d.add(i + 3), e);
-        }
-        i += 4;
-    }
-    // SAFETY: sfence only orders stores: the streamed bytes are globally
-    // visible before the frame is moved or the piece reported done.
-    unsafe { _mm_sfence() };
-}
-
-/// One piece of a copy: `len` bytes from pool address `src` to `dst`.
-#[derive(Debug, Clone, Copy)]
-struct Piece {
-    src: usize,
-    dst: usize,
-    len: usize,
-}
-
-impl Piece {
-    /// Copies the piece by `method`.
-    ///
-    /// # Safety
-    /// `src` and `dst` are the pool slots of frames in flight with the
-    /// caller's migration (moved out under their fault locks, or freshly
-    /// allocated: populated, so no access faults), the ranges do not overlap,
-    /// and no other thread reads `dst` or writes either range meanwhile.
-    unsafe fn copy(&self, method: CopyMethod) {
-        // SAFETY: valid, disjoint and exclusive for the call (the contract).
-        let (dst, src) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(self.dst as *mut u8, self.len),
-                std::slice::from_raw_parts(self.src as *const u8, self.len),
-            )
-        };
-        copy_with(method, dst, src);
-    }
-}
-
-/// The claim protocol of a shared copy of `n` pieces: each piece is claimed
-/// by exactly one thread; at most `max_helpers` helpers join; the owner sees
-/// every piece's bytes once [`Claims::all_done`] says so. Model checked with
-/// loom (`loom_copy_claims`).
-#[derive(Debug)]
-pub(crate) struct Claims {
-    n: usize,
-    /// Next piece to claim (Relaxed: a ticket counter; the pieces themselves
-    /// were published with the job under the job list's mutex).
-    next: AtomicUsize,
-    /// Pieces finished. Release by the finisher, after its stores; pairs
-    /// with the Acquire in [`Claims::all_done`].
-    done: AtomicUsize,
-    /// Bit `w` set once helper `w` joined; at most `max_helpers` bits.
-    joined: AtomicU64,
-    max_helpers: u32,
-}
-
-impl Claims {
-    pub(crate) fn new(n: usize, max_helpers: u32) -> Claims {
-        Claims {
-            n,
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            joined: AtomicU64::new(0),
-            max_helpers,
-        }
-    }
-
-    /// The next unclaimed piece, now this thread's.
-    pub(crate) fn claim(&self) -> Option<usize> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        (i < self.n).then_some(i)
-    }
-
-    /// Reports a claimed piece done (after writing its bytes).
-    pub(crate) fn finish(&self) {
-        self.done.fetch_add(1, Ordering::Release);
-    }
-
-    fn has_work(&self) -> bool {
-        self.next.load(Ordering::Relaxed) < self.n
-    }
-
-    /// Whether helper `w` may take pieces (it joined already, or a helper
-    /// slot is free, which it then takes).
-    pub(crate) fn may_join(&self, w: usize) -> bool {
-        let bit = 1u64 << (w % 64);
-        let mut cur = self.joined.load(Ordering::Relaxed);
-        loop {
-            if cur & bit != 0 {
-                return true;
-            }
-            if cur.count_ones() >= self.max_helpers {
-                return false;
-            }
-            match self.joined.compare_exchange_weak(
-                cur,
-                cur | bit,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    /// Whether every piece is done; true means their bytes are visible.
-    pub(crate) fn all_done(&self) -> bool {
-        // Acquire pairs with the Release in `finish`.
-        self.done.load(Ordering::Acquire) >= self.n
-    }
-}
-
-/// A copy shared between the migrating thread and idle workers.
-#[derive(Debug)]
-pub(crate) struct CopyJob {
-    pieces: Vec<Piece>,
-    method: CopyMethod,
-    claims: Claims,
-    /// The CPU the owner ran on when it offered the job: a worker there
-    /// would only preempt the owner, not add a CPU.
-    owner_cpu: usize,
-}
-
-impl CopyJob {
-    /// Claims and copies one piece; false when none is left.
-    fn run_one(&self) -> bool {
-        let Some(p) = self.claims.claim().and_then(|i| self.pieces.get(i)) else {
-            return false;
-        };
-        // SAFETY: the job's owner holds both frames of every piece in flight
-        // and does not touch a piece until `all_done`; each piece is claimed
-        // by exactly one thread (this one, now) and pieces do not overlap.
-        unsafe { p.copy(self.method) };
-        self.claims.finish();
-        true
-    }
-
-    /// Waits until every piece is done (pieces in other threads' hands take
-    /// at most one chunk's time).
-    fn wait(&self) {
-        let mut spins = 0u32;
-        while !self.claims.all_done() {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-}
-
-fn copy_with(method: CopyMethod, dst: &mut [u8], src: &[u8]) {
-    match method {
-        CopyMethod::PerPage => copy_per_page(dst, src),
-        CopyMethod::Chunked => dst.copy_from_slice(src),
-        CopyMethod::ChunkedNt => copy_large(dst, src),
-    }
-}
-
 /// Called by a fault worker that found no event: copies one piece of an
 /// offered job, if any may be taken. Returns whether it did.
 pub(crate) fn help(core: &Core, worker: usize) -> bool {
@@ -388,7 +189,7 @@ fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
     core.copy_pending.fetch_add(1, Ordering::Release);
     if let Err(e) = core.deferred_fd.signal() {
         // No helper will come; the owner copies alone.
-        core.record(crate::FaultError::Events(e));
+        core.record(crate::error::FaultError::Events(e));
     }
     while job.run_one() {}
     job.wait();
@@ -442,7 +243,7 @@ fn lock_batch<'a>(
     core: &'a Core,
     r: &RegionInner,
     batch: std::ops::Range<usize>,
-) -> Vec<crate::fault::locks::FaultGuard<'a>> {
+) -> Vec<crate::locks::FaultGuard<'a>> {
     let mut idx: Vec<usize> = batch
         .map(|p| {
             let (d, k) = r.lock_key(p);
@@ -464,21 +265,7 @@ fn migrate_batch(
     if r.dying() {
         return Ok(());
     }
-    let mut todo: Vec<Todo> = batch
-        .filter_map(|page| match r.state(page) {
-            PageState::Resident(f) if core.alloc.pool_of(f) != pool => Some(Todo {
-                page,
-                old: f,
-                resident: true,
-            }),
-            PageState::Parked(f) if core.alloc.pool_of(f) != pool => Some(Todo {
-                page,
-                old: f,
-                resident: false,
-            }),
-            _ => None,
-        })
-        .collect();
+    let mut todo = to_move(core, r, batch, pool);
     if todo.is_empty() {
         return Ok(());
     }
@@ -509,20 +296,7 @@ fn migrate_batch(
         .collect();
     report.copy_ns += run_copy(core, &runs(core, &pairs, unit, per_unit), plan);
     report.bytes += todo.len() * unit;
-    // Move the new frames in: runs of consecutive resident pages whose new
-    // frames are consecutive go in one move.
-    let mut i = 0;
-    while i < todo.len() {
-        let t = todo[i];
-        if !t.resident {
-            r.set_state(t.page, PageState::Parked(new[i].index()));
-            i += 1;
-            continue;
-        }
-        let n = run_at(&todo, i, per_unit, |j| new[j].index());
-        move_in(core, r, t.page, new[i].index(), n, order);
-        i += n;
-    }
+    place_new(core, r, &todo, &new);
     report.pages += todo.len();
     core.stats
         .migrated_pages
@@ -560,6 +334,45 @@ fn runs(core: &Core, pairs: &[(u32, u32)], unit: usize, per_unit: u32) -> Vec<Pi
         last = Some((o, n));
     }
     out
+}
+
+/// The batch's pages that hold data outside `pool`, with their frames.
+fn to_move(core: &Core, r: &RegionInner, batch: std::ops::Range<usize>, pool: PoolId) -> Vec<Todo> {
+    batch
+        .filter_map(|page| match r.state(page) {
+            PageState::Resident(f) if core.alloc.pool_of(f) != pool => Some(Todo {
+                page,
+                old: f,
+                resident: true,
+            }),
+            PageState::Parked(f) if core.alloc.pool_of(f) != pool => Some(Todo {
+                page,
+                old: f,
+                resident: false,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Puts the copied pages in their `new` frames: a parked page just stays
+/// parked in its new frame; resident ones are moved in, runs of consecutive
+/// resident pages whose new frames are consecutive in one move.
+fn place_new(core: &Core, r: &RegionInner, todo: &[Todo], new: &[Frame]) {
+    let order = r.page_size.order();
+    let per_unit = (r.page_size.bytes() / PAGE_SIZE) as u32;
+    let mut i = 0;
+    while i < todo.len() {
+        let t = todo[i];
+        if !t.resident {
+            r.set_state(t.page, PageState::Parked(new[i].index()));
+            i += 1;
+            continue;
+        }
+        let n = run_at(todo, i, per_unit, |j| new[j].index());
+        move_in(core, r, t.page, new[i].index(), n, order);
+        i += n;
+    }
 }
 
 /// Length of the run of resident pages starting at `todo[i]`: consecutive
@@ -629,7 +442,7 @@ fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, orde
     for i in 0..n {
         r.set_state(page + i, PageState::Resident(first + i as u32 * per_unit));
     }
-    service::drop_empty_page_table(core, r, addr, len);
+    pagemove::drop_empty_page_table(core, r, addr, len);
     let lead = Frame::from_parts(first, order);
     let split = if len < HUGE_PAGE_SIZE {
         core.pool.split_guard(&lead)
@@ -660,206 +473,5 @@ fn move_in(core: &Core, r: &RegionInner, page: usize, first: u32, n: usize, orde
                 .fetch_add(n as u64, Ordering::Relaxed);
             false
         }
-    }
-}
-
-/// Collapses the 512 pages of the 2 MiB block at page `first` of a 4 KiB
-/// region into one order-9 frame of pool `pool`, mapped as one PMD where the
-/// kernel allows. Returns false if the block already sat in one such frame,
-/// mapped by one PMD.
-pub(crate) fn collapse(
-    core: &Core,
-    r: &RegionInner,
-    first: usize,
-    pool: PoolId,
-    plan: CopyPlan,
-    report: &mut MigrateReport,
-) -> Result<bool, MigrateError> {
-    let addr = r.page_addr(first);
-    if pool >= core.alloc.count() {
-        return Err(MigrateError::NoSuchPool {
-            pool,
-            pools: core.alloc.count(),
-        });
-    }
-    if r.page_size != PageSize::Base4K {
-        return Err(MigrateError::NotCollapsible {
-            addr,
-            what: "the region already has 2 MiB pages",
-        });
-    }
-    if first % PAGES_PER_HUGE != 0 || first + PAGES_PER_HUGE > r.pages() {
-        return Err(MigrateError::NotCollapsible {
-            addr,
-            what: "not a whole 2 MiB block of the region",
-        });
-    }
-    let block = first..first + PAGES_PER_HUGE;
-    let _guards = lock_batch(core, r, block.clone());
-    if r.dying() {
-        return Ok(false);
-    }
-    let mut todo = Vec::with_capacity(PAGES_PER_HUGE);
-    for page in block.clone() {
-        match r.state(page) {
-            PageState::Resident(f) => todo.push(Todo {
-                page,
-                old: f,
-                resident: true,
-            }),
-            PageState::Parked(f) => todo.push(Todo {
-                page,
-                old: f,
-                resident: false,
-            }),
-            PageState::Absent | PageState::Poisoned | PageState::Gone => {
-                return Err(MigrateError::NotResident {
-                    addr: r.page_addr(page),
-                })
-            }
-        }
-    }
-    let base = todo[0].old;
-    if base % PAGES_PER_HUGE as u32 == 0
-        && core.alloc.pool_of(base) == pool
-        && todo
-            .iter()
-            .enumerate()
-            .all(|(i, t)| t.resident && t.old == base + i as u32)
-        && core.pool.is_huge_mapped(addr)
-    {
-        // Already one frame, mapped by one PMD.
-        return Ok(false);
-    }
-    let Some(huge) = core.alloc.alloc_in(pool, HUGE_ORDER) else {
-        return Err(MigrateError::PoolFull {
-            pool,
-            addr,
-            pages: PAGES_PER_HUGE,
-        });
-    };
-    // Before anything moves: re-form the block's THP if it was split (a
-    // copy inside the pool; the frame is ours and holds nothing yet).
-    core.pool.make_huge(&huge);
-    let t = todo.len();
-    move_out(core, r, &mut todo);
-    if todo.len() < t {
-        // Some page would not move out: put back those that did, give up.
-        // (A page the kernel will not take back stays parked in its frame.)
-        for x in todo.iter().filter(|x| x.resident) {
-            move_in(core, r, x.page, x.old, 1, 0);
-        }
-        core.alloc.free(huge);
-        return Err(MigrateError::NotCollapsible {
-            addr,
-            what: "a page of the block could not be moved out",
-        });
-    }
-    let pairs: Vec<(u32, u32)> = todo
-        .iter()
-        .enumerate()
-        .map(|(i, x)| (x.old, huge.index() + i as u32))
-        .collect();
-    report.copy_ns += run_copy(core, &runs(core, &pairs, PAGE_SIZE, 1), plan);
-    report.bytes += HUGE_PAGE_SIZE;
-    let g = huge.index();
-    move_in(core, r, first, g, PAGES_PER_HUGE, 0);
-    let mut old: Vec<Frame> = todo.iter().map(|x| Frame::from_parts(x.old, 0)).collect();
-    for f in &old {
-        core.pool.set_zeroed(f, false);
-    }
-    core.pool.set_zeroed(&huge, false);
-    core.alloc.free_bulk(&mut old);
-    // The huge frame now belongs to the block's 512 pages (one order-0
-    // frame each, as the region records them); `huge` goes out of scope.
-    report.pages += PAGES_PER_HUGE;
-    Stats::bump(&core.stats.collapses);
-    Ok(true)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn copies_are_exact() {
-        let src: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 7 + 3) as u8).collect();
-        // 16-byte aligned buffers: Vec<u128> storage.
-        let mut a = vec![0u128; (1 << 20) / 16];
-        let mut s = vec![0u128; (1 << 20) / 16];
-        // SAFETY: u128 storage viewed as bytes, same length, exclusive.
-        let (dst, srcb) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(a.as_mut_ptr().cast::<u8>(), 1 << 20),
-                std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), 1 << 20),
-            )
-        };
-        srcb.copy_from_slice(&src);
-        copy_large(dst, srcb);
-        assert!(dst == &src[..]);
-        dst.fill(0);
-        copy_per_page(dst, srcb);
-        assert!(dst == &src[..]);
-        // Small and unaligned: the memcpy path.
-        let mut small = [0u8; 100];
-        copy_large(&mut small, &src[1..101]);
-        assert_eq!(&small[..], &src[1..101]);
-    }
-}
-
-#[cfg(all(test, loom))]
-mod loom_tests {
-    use super::Claims;
-    use loom::cell::UnsafeCell;
-    use loom::sync::Arc;
-
-    struct Shared {
-        claims: Claims,
-        pieces: [UnsafeCell<usize>; 3],
-    }
-
-    // SAFETY: each cell is written only by the thread that claimed its piece
-    // and read by the owner only after `all_done` — the property under test;
-    // loom reports any access the protocol fails to order.
-    unsafe impl Sync for Shared {}
-
-    /// The owner and one helper share three pieces: every piece is written
-    /// exactly once, and the owner reads every piece's bytes after
-    /// `all_done` without a data race, in every interleaving.
-    #[test]
-    fn loom_copy_claims() {
-        loom::model(|| {
-            let s = Arc::new(Shared {
-                claims: Claims::new(3, 1),
-                pieces: [UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)],
-            });
-            let helper = {
-                let s = Arc::clone(&s);
-                loom::thread::spawn(move || {
-                    assert!(s.claims.may_join(1));
-                    while let Some(i) = s.claims.claim() {
-                        s.pieces[i].with_mut(|p| {
-                            // SAFETY: piece i is this thread's (claimed).
-                            unsafe { *p += i + 1 }
-                        });
-                        s.claims.finish();
-                    }
-                })
-            };
-            while let Some(i) = s.claims.claim() {
-                // SAFETY: piece i is this thread's (claimed).
-                s.pieces[i].with_mut(|p| unsafe { *p += i + 1 });
-                s.claims.finish();
-            }
-            while !s.claims.all_done() {
-                loom::thread::yield_now();
-            }
-            for (i, c) in s.pieces.iter().enumerate() {
-                // SAFETY: all pieces are done; nobody writes them any more.
-                assert_eq!(c.with(|p| unsafe { *p }), i + 1);
-            }
-            helper.join().expect("helper");
-            assert!(!s.claims.may_join(2), "one helper at most");
-        });
     }
 }

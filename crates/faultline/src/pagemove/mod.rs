@@ -30,17 +30,24 @@
 //! only the holes nobody holds are refilled (from the store, or zeros), and
 //! the frame goes on. No frame is freed while any of its data is elsewhere.
 //!
+//! The rules for one page built on it — park, unpark, gather a page back
+//! into its frame, fill pool holes, drop an empty page table — are in
+//! `park.rs`.
+//!
 //! Locks: none of its own. Callers hold the fault locks of the pages they
 //! move (or own the frames outright, in flight), which is what makes the
 //! page tables of both ranges stable apart from the kernel's own transient
 //! states.
 
-use crate::manager::Core;
-use crate::region::RegionInner;
+use crate::core::Core;
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
-use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
+use faultline_sys::{SysError, PAGE_SIZE};
 use std::time::{Duration, Instant};
+
+mod park;
+
+pub(crate) use park::{drop_empty_page_table, fill_holes, is_empty, park, recollect, unpark};
 
 /// How long a move keeps retrying pages the kernel refuses for the moment
 /// (a reference held briefly, a split in progress) before it undoes itself.
@@ -361,146 +368,12 @@ unsafe fn undo(core: &Core, dst: usize, src: usize, at: &[Place]) -> Result<(), 
 
 /// A few quick retries, then back off: a source the kernel holds for a
 /// moment (a per-CPU LRU batch, a split in progress) needs time, not spin.
-fn backoff(round: u32) {
+pub(super) fn backoff(round: u32) {
     if round < 8 {
         std::thread::yield_now();
     } else {
         std::thread::sleep(Duration::from_micros(50));
     }
-}
-
-/// A zeroed, page-aligned page: the source of [`fill_holes`].
-#[repr(C, align(4096))]
-struct ZeroPage([u8; PAGE_SIZE]);
-static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
-
-/// Gives every hole in the pool slots `[addr, addr + len)` a fresh zeroed
-/// page; pages already there are left alone. A whole 2 MiB block (one
-/// frame's) is populated at once; anything smaller goes page by page with
-/// `UFFDIO_COPY` of a zero page, never by a fault: in an empty block of the
-/// `MADV_HUGEPAGE` pool a fault would populate the whole block with a THP —
-/// the slots of other frames too, while their pages are mapped in regions
-/// (a found bug: every later move of those pages back out failed with
-/// `EEXIST`).
-pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), SysError> {
-    if len % HUGE_PAGE_SIZE == 0 && addr % HUGE_PAGE_SIZE == 0 {
-        for block in (addr..addr + len).step_by(HUGE_PAGE_SIZE) {
-            core.pool.populate_block(block)?;
-        }
-        return Ok(());
-    }
-    let zero = ZERO_PAGE.0.as_ptr() as usize;
-    for page in (addr..addr + len).step_by(PAGE_SIZE) {
-        let mut round = 0;
-        loop {
-            // SAFETY: `page` is a pool slot of a frame the caller owns (in
-            // flight, or under its page's lock); UFFDIO_COPY fills it only
-            // if it is a hole. The source is a static zeroed page.
-            match unsafe { core.uffd.copy(page, zero, PAGE_SIZE, true) } {
-                Ok(Resolved::Done | Resolved::Exists { .. }) => break,
-                Ok(_) if round < 1000 => {
-                    // EAGAIN: the address space is changing (an unmap
-                    // event not yet read).
-                    core.pump_events();
-                    backoff(round);
-                    round += 1;
-                }
-                Ok(_) => {
-                    return Err(SysError {
-                        op: "UFFDIO_COPY",
-                        addr: page,
-                        len: PAGE_SIZE,
-                        errno: libc::EAGAIN,
-                    })
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether no page of `[addr, addr + len)` holds data (mapped, swapped or
-/// migrating).
-pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
-    core.pagemap.any_data(addr, addr + len).map(|any| !any)
-}
-
-/// Gathers page `page` of `r`, recorded in frame slot `slot`, back into the
-/// slot: every 4 KiB page still in the region moves to the slot; slot pages
-/// that hold nothing — the program dropped them (`MADV_DONTNEED`) after they
-/// were mapped, so the kernel freed them — are refilled with the store's
-/// bytes for that page (zeros for the zero store). Afterwards the frame is
-/// whole in its slot, as if parked. Returns how many 4 KiB pages had to be
-/// refilled. Caller holds the page's fault lock.
-pub(crate) fn recollect(
-    core: &Core,
-    r: &RegionInner,
-    page: usize,
-    slot: usize,
-) -> Result<usize, crate::FaultError> {
-    let addr = r.page_addr(page);
-    let len = r.page_size.bytes();
-    let err = |source: SysError| crate::FaultError::Move { addr, source };
-    // SAFETY: the page's lock is held (caller) and the slot belongs to its
-    // frame, which only this page owns; nothing references either.
-    unsafe { move_range(core, slot, addr, len, Holes::Allow, false) }
-        .map_err(|e| err(e.into_sys(addr, len)))?;
-    let mut has = Vec::new();
-    core.pagemap
-        .has_data(slot, len / PAGE_SIZE, &mut has)
-        .map_err(err)?;
-    let holes: Vec<usize> = (0..has.len()).filter(|&i| !has[i]).collect();
-    if holes.is_empty() {
-        return Ok(0);
-    }
-    // Fresh zeroed pages in the holes (populating touches no present page),
-    // then the store's bytes over them where the store has any.
-    fill_holes(core, slot, len).map_err(err)?;
-    if !r.store.is_zero() {
-        let mut buf = vec![0u8; len];
-        r.store
-            .read(page as u64, &mut buf)
-            .map_err(|source| crate::FaultError::Store { addr, source })?;
-        for &i in &holes {
-            let at = i * PAGE_SIZE;
-            // SAFETY: `slot + at` is a populated page of the frame this
-            // page owns under its lock; nobody else reads or writes it.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    buf[at..].as_ptr(),
-                    (slot + at) as *mut u8,
-                    PAGE_SIZE,
-                );
-            }
-        }
-    }
-    core.stats
-        .refaulted_dropped
-        .fetch_add(holes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    Ok(holes.len())
-}
-
-/// Parks resident `page` of `r` (frame `f`): moves it out to its frame's
-/// slot; if the program dropped part of it, gathers what is left and refills
-/// the holes ([`recollect`]). On success the page is recorded parked; on
-/// failure it stays resident and the cause is returned. The caller holds
-/// the page's lock.
-pub(crate) fn park(
-    core: &Core,
-    r: &RegionInner,
-    page: usize,
-    f: u32,
-) -> Result<(), crate::FaultError> {
-    let slot = core.pool.slot_addr(f);
-    let addr = r.page_addr(page);
-    // SAFETY: the page is resident under its lock and its frame's slot is
-    // the hole it left; faultline holds no reference into either.
-    if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
-        recollect(core, r, page, slot)?;
-    }
-    r.set_state(page, crate::region::PageState::Parked(f));
-    Ok(())
 }
 
 #[cfg(test)]

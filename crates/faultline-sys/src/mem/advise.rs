@@ -1,0 +1,174 @@
+//! Advice on a range of a [`Mapping`]: [`Advice`] (`madvise` that changes no
+//! data), NUMA binding (`mbind`), residency (`mincore`), and discarding pages
+//! (`MADV_DONTNEED`, the one call here that changes content, hence `unsafe`).
+//!
+//! Invariants: every call first checks that the range lies inside the mapping
+//! and refuses it with `EINVAL` otherwise, so none of them can touch memory
+//! the mapping does not own. Each is one system call; no locks.
+
+use super::Mapping;
+use crate::{SysError, PAGE_SIZE};
+
+/// Advice that changes no data (safe to give at any time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// `MADV_HUGEPAGE`: the range may be backed by transparent huge pages.
+    HugePage,
+    /// `MADV_NOHUGEPAGE`: never back the range by transparent huge pages.
+    NoHugePage,
+    /// `MADV_DONTFORK`: a child process does not inherit the range (keeps
+    /// pages exclusive to this process, which `UFFDIO_MOVE` requires).
+    DontFork,
+    /// `MADV_POPULATE_WRITE`: fault the range in for writing now.
+    PopulateWrite,
+    /// `MADV_COLLAPSE`: back the (populated) range by transparent huge pages
+    /// now, copying its pages into a new huge page; content is unchanged.
+    Collapse,
+}
+
+impl Advice {
+    fn raw(self) -> libc::c_int {
+        match self {
+            Advice::HugePage => libc::MADV_HUGEPAGE,
+            Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
+            Advice::DontFork => libc::MADV_DONTFORK,
+            Advice::PopulateWrite => 23, // MADV_POPULATE_WRITE, Linux 5.14
+            Advice::Collapse => 25,      // MADV_COLLAPSE, Linux 6.1
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Advice::HugePage => "madvise(MADV_HUGEPAGE)",
+            Advice::NoHugePage => "madvise(MADV_NOHUGEPAGE)",
+            Advice::DontFork => "madvise(MADV_DONTFORK)",
+            Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
+            Advice::Collapse => "madvise(MADV_COLLAPSE)",
+        }
+    }
+}
+
+impl Mapping {
+    /// Gives `advice` for the subrange `[addr, addr + len)`, which must lie
+    /// inside the mapping.
+    pub fn advise(&self, addr: usize, len: usize, advice: Advice) -> Result<(), SysError> {
+        if !self.contains(addr, len) {
+            return Err(SysError {
+                op: advice.name(),
+                addr,
+                len,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: the range lies inside a mapping we own, and none of these
+        // advices changes the content of memory.
+        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice.raw()) };
+        if rc != 0 {
+            return Err(SysError::last(advice.name(), addr, len));
+        }
+        Ok(())
+    }
+
+    /// Binds `[addr, addr + len)` (inside the mapping) to NUMA node `node`
+    /// (`mbind(MPOL_BIND)`): pages populated there afterwards come from that
+    /// node. Call before populating; pages already there are not moved.
+    pub fn bind_node(&self, addr: usize, len: usize, node: u32) -> Result<(), SysError> {
+        const MPOL_BIND: libc::c_long = 2;
+        let einval = SysError {
+            op: "mbind",
+            addr,
+            len,
+            errno: libc::EINVAL,
+        };
+        if !self.contains(addr, len) || node >= 64 {
+            return Err(einval);
+        }
+        let mask: u64 = 1 << node;
+        // SAFETY: the range lies inside a mapping we own; `mask` is a valid
+        // one-word node mask that outlives the call (maxnode = 64 bits), and
+        // a memory policy never changes the content of memory.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                addr,
+                len,
+                MPOL_BIND,
+                &mask as *const u64,
+                64usize,
+                0usize,
+            )
+        };
+        if rc != 0 {
+            return Err(SysError::last("mbind", addr, len));
+        }
+        Ok(())
+    }
+
+    /// Whether every page of `[addr, addr + len)` is mapped in the page
+    /// tables right now (`mincore(2)`; `len` at most 64 pages).
+    pub fn is_resident(&self, addr: usize, len: usize) -> Result<bool, SysError> {
+        let mut vec = [0u8; 64];
+        let pages = len.div_ceil(PAGE_SIZE);
+        if !self.contains(addr, len) || pages > vec.len() {
+            return Err(SysError {
+                op: "mincore",
+                addr,
+                len,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: the range lies inside our mapping and `vec` has room for
+        // one byte per page of it.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(SysError::last("mincore", addr, len));
+        }
+        Ok(vec[..pages].iter().all(|b| b & 1 == 1))
+    }
+
+    /// `MADV_DONTNEED` on `[addr, addr + len)`: drops the pages there (a
+    /// later touch reads zeros, or faults to userfaultfd on a registered
+    /// range) and, with `CONFIG_PT_RECLAIM`, frees page tables left empty.
+    ///
+    /// # Safety
+    /// The range must lie inside the mapping, and no live Rust reference may
+    /// point into it: its bytes change without a write through any reference.
+    pub unsafe fn discard(&self, addr: usize, len: usize) -> Result<(), SysError> {
+        if !self.contains(addr, len) {
+            return Err(SysError {
+                op: "madvise(MADV_DONTNEED)",
+                addr,
+                len,
+                errno: libc::EINVAL,
+            });
+        }
+        // SAFETY: inside our mapping (checked above); the caller guarantees
+        // no reference observes the discarded bytes.
+        let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            return Err(SysError::last("madvise(MADV_DONTNEED)", addr, len));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HUGE_PAGE_SIZE;
+
+    #[test]
+    fn bind_to_an_online_node() {
+        let m = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        let node = crate::host::numa_nodes()[0];
+        m.bind_node(m.addr(), m.len(), node).expect("mbind");
+        m.advise(m.addr(), m.len(), Advice::PopulateWrite)
+            .expect("populate");
+        assert!(m.is_resident(m.addr(), PAGE_SIZE).expect("mincore"));
+        assert_eq!(
+            m.bind_node(m.addr(), m.len(), 63).map_err(|e| e.op),
+            Err("mbind"),
+            "node 63 is not online here"
+        );
+    }
+}

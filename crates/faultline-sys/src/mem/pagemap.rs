@@ -1,0 +1,218 @@
+//! [`PageMap`]: this process's `/proc/self/pagemap`, read entry by entry
+//! (`pread`) or walked with the `PAGEMAP_SCAN` ioctl (Linux 6.7): which pages
+//! hold data, which were written since they were last write-protected, and
+//! how much of a range is mapped by huge pages.
+//!
+//! Invariants: `PmScanArg` and `PageRegion` have the kernel's layout
+//! (`include/uapi/linux/fs.h`), and `PAGEMAP_SCAN` encodes the size of
+//! `PmScanArg`. Reads change nothing; a scan with `PM_SCAN_WP_MATCHING`
+//! changes only write protection, never data. No locks of ours: the kernel
+//! takes each page table's lock while it reads it.
+
+use crate::{SysError, PAGE_SIZE};
+
+/// `/proc/self/pagemap`, for `PAGEMAP_SCAN` (Linux 6.7): which pages of a
+/// range were written since they were last write-protected (with
+/// `UFFD_FEATURE_WP_ASYNC`), optionally write-protecting them again in the
+/// same walk.
+#[derive(Debug)]
+pub struct PageMap {
+    file: std::fs::File,
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+const PAGEMAP_SCAN: u64 =
+    (3 << 30) | ((std::mem::size_of::<PmScanArg>() as u64) << 16) | ((b'f' as u64) << 8) | 16;
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+const PAGE_IS_WRITTEN: u64 = 1 << 1;
+const PAGE_IS_HUGE: u64 = 1 << 6;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+
+impl PageMap {
+    /// Opens this process's pagemap.
+    pub fn open() -> Result<PageMap, SysError> {
+        std::fs::File::open("/proc/self/pagemap")
+            .map(|file| PageMap { file })
+            .map_err(|e| SysError {
+                op: "open(/proc/self/pagemap)",
+                addr: 0,
+                len: 0,
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+            })
+    }
+
+    /// The written page ranges of `[start, end)`, appended to `out` as
+    /// `(start, end)`; with `reprotect`, those pages are write-protected again
+    /// in the same walk (so no write between the scan and the protection is
+    /// missed).
+    pub fn written(
+        &self,
+        start: usize,
+        end: usize,
+        reprotect: bool,
+        out: &mut Vec<(usize, usize)>,
+    ) -> Result<(), SysError> {
+        let flags = PM_SCAN_CHECK_WPASYNC | if reprotect { PM_SCAN_WP_MATCHING } else { 0 };
+        self.scan(start, end, flags, PAGE_IS_WRITTEN, out)
+    }
+
+    /// Whether each 4 KiB page of `[addr, addr + pages * 4096)` holds data
+    /// in the page tables right now: mapped (`PM_PRESENT`) or in swap or
+    /// under migration (`PM_SWAP`, which pagemap also reports for a page the
+    /// kernel is migrating). Unlike `mincore`, a swapped-out page counts: its
+    /// data is still the program's. Results go to `out` (cleared first), one
+    /// per page. The kernel takes each page table's lock to read it, so an
+    /// entry is never seen half-changed by a concurrent `UFFDIO_MOVE`.
+    pub fn has_data(&self, addr: usize, pages: usize, out: &mut Vec<bool>) -> Result<(), SysError> {
+        use std::os::unix::fs::FileExt;
+        const PM_PRESENT: u64 = 1 << 63;
+        const PM_SWAP: u64 = 1 << 62;
+        out.clear();
+        let mut buf = [0u8; 8 * 512];
+        let mut done = 0;
+        while done < pages {
+            let n = (pages - done).min(512);
+            let at = addr + done * PAGE_SIZE;
+            let off = (at / PAGE_SIZE * 8) as u64;
+            let bytes = &mut buf[..n * 8];
+            self.file.read_exact_at(bytes, off).map_err(|e| SysError {
+                op: "pread(/proc/self/pagemap)",
+                addr: at,
+                len: n * PAGE_SIZE,
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+            })?;
+            out.extend(bytes.chunks_exact(8).map(|c| {
+                let mut e = [0u8; 8];
+                e.copy_from_slice(c);
+                u64::from_ne_bytes(e) & (PM_PRESENT | PM_SWAP) != 0
+            }));
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Whether any page of `[start, end)` holds data (present, or swapped
+    /// out): one `PAGEMAP_SCAN` that stops at the first such page — cheaper
+    /// than reading every entry when the answer is usually no.
+    pub fn any_data(&self, start: usize, end: usize) -> Result<bool, SysError> {
+        use std::os::fd::AsRawFd;
+        let mut buf = [PageRegion::default(); 1];
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            start: start as u64,
+            end: end as u64,
+            vec: buf.as_mut_ptr() as u64,
+            vec_len: 1,
+            max_pages: 1,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            ..PmScanArg::default()
+        };
+        // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most one PageRegion
+        // into `buf`, plus `walk_end` in `arg`; it changes nothing.
+        let n = unsafe { libc::ioctl(self.file.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+        if n < 0 {
+            return Err(SysError::last("PAGEMAP_SCAN", start, end - start));
+        }
+        Ok(n > 0)
+    }
+
+    /// Bytes of `[start, end)` mapped by huge (PMD) page-table entries.
+    pub fn huge_bytes(&self, start: usize, end: usize) -> Result<usize, SysError> {
+        let mut out = Vec::new();
+        self.scan(start, end, 0, PAGE_IS_HUGE, &mut out)?;
+        Ok(out.iter().map(|(a, b)| b - a).sum())
+    }
+
+    fn scan(
+        &self,
+        start: usize,
+        end: usize,
+        flags: u64,
+        category: u64,
+        out: &mut Vec<(usize, usize)>,
+    ) -> Result<(), SysError> {
+        use std::os::fd::AsRawFd;
+        let mut buf = [PageRegion::default(); 64];
+        let mut at = start;
+        while at < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags,
+                start: at as u64,
+                end: end as u64,
+                vec: buf.as_mut_ptr() as u64,
+                vec_len: buf.len() as u64,
+                category_mask: category,
+                return_mask: category,
+                ..PmScanArg::default()
+            };
+            // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len`
+            // PageRegion entries into `buf`, plus `walk_end` in `arg`; with
+            // WP_MATCHING it only changes write protection, not data.
+            let n = unsafe { libc::ioctl(self.file.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            if n < 0 {
+                return Err(SysError::last("PAGEMAP_SCAN", at, end - at));
+            }
+            out.extend(
+                buf[..n as usize]
+                    .iter()
+                    .map(|r| (r.start as usize, r.end as usize)),
+            );
+            let walked = arg.walk_end as usize;
+            if walked <= at {
+                break;
+            }
+            at = walked;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::Mapping;
+    use crate::HUGE_PAGE_SIZE;
+
+    #[test]
+    fn pagemap_sees_which_pages_hold_data() {
+        let m = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        let pm = PageMap::open().expect("pagemap");
+        let a = m.addr();
+        assert!(!pm.any_data(a, a + HUGE_PAGE_SIZE).expect("scan"));
+        // SAFETY: a page of our own fresh mapping, no references into it.
+        unsafe { ((a + 5 * PAGE_SIZE) as *mut u8).write_volatile(1) };
+        assert!(pm.any_data(a, a + HUGE_PAGE_SIZE).expect("scan"));
+        assert!(!pm.any_data(a, a + 5 * PAGE_SIZE).expect("scan"));
+        let mut v = Vec::new();
+        pm.has_data(a, 8, &mut v).expect("read");
+        assert_eq!(v, [false, false, false, false, false, true, false, false]);
+    }
+}

@@ -1,0 +1,171 @@
+//! Building a manager: [`ManagerBuilder`] collects the configuration (each
+//! setter changes one field and never another), `build()` validates it and
+//! acquires everything the manager will need — the userfaultfd, the page
+//! map, the eventfds, the frame pool (populated, so a budget beyond what the
+//! process may take is refused here, not OOM-killed later) and every thread —
+//! or returns the error with its errno.
+//!
+//! Order matters: every fallible step the core needs comes before the pool.
+//! Once the pool is registered with the userfaultfd, dropping it before the
+//! userfaultfd (as an error return would: locals drop in reverse) would wait
+//! forever for a reader of its unmap event. No locks.
+
+use super::manager::Manager;
+use super::service::Service;
+use crate::config::{Config, Experiment};
+use crate::core::Core;
+use crate::error::BuildError;
+use crate::frame::{AllocConfig, FramePools, PartSpec, Pool};
+use faultline_sys::mem::PageMap;
+use faultline_sys::uffd::{EventFd, Features, Uffd};
+use std::sync::Arc;
+
+/// Builds a [`Manager`]: `Manager::builder().budget(..).workers(..).build()`.
+#[derive(Debug, Clone, Default)]
+pub struct ManagerBuilder {
+    config: Config,
+}
+
+impl ManagerBuilder {
+    /// A builder starting from `config` (for callers that fill a [`Config`]
+    /// themselves, like the CLI); later setters change single fields of it.
+    pub fn from_config(config: Config) -> Self {
+        ManagerBuilder { config }
+    }
+
+    /// Bytes of frames faultline may hold (a multiple of 2 MiB): the memory
+    /// budget ([`Config::budget`]).
+    pub fn budget(mut self, bytes: usize) -> Self {
+        self.config.budget = bytes;
+        self
+    }
+
+    /// Number of fault workers ([`Config::workers`]).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.config.workers = n;
+        self
+    }
+
+    /// Whether workers are pinned one per CPU ([`Config::pin_workers`]).
+    pub fn pin_workers(mut self, pin: bool) -> Self {
+        self.config.pin_workers = pin;
+        self
+    }
+
+    /// Whether pages of store-backed regions are reclaimed under the
+    /// budget, with the background watermarks in percent of the pool free
+    /// ([`Config::reclaim`]).
+    pub fn reclaim(mut self, on: bool, low_pct: usize, high_pct: usize) -> Self {
+        self.config.reclaim = on;
+        self.config.reclaim_low_pct = low_pct;
+        self.config.reclaim_high_pct = high_pct;
+        self
+    }
+
+    /// Largest read-ahead window in 4 KiB pages ([`Config::readahead_max`]).
+    pub fn readahead_max(mut self, pages: usize) -> Self {
+        self.config.readahead_max = pages;
+        self
+    }
+
+    /// Fault-around window in 4 KiB pages ([`Config::fault_around`]).
+    pub fn fault_around(mut self, pages: usize) -> Self {
+        self.config.fault_around = pages;
+        self
+    }
+
+    /// Share of the budget kept as a small-page zone
+    /// ([`Config::small_zone_pct`]).
+    pub fn small_zone_pct(mut self, pct: usize) -> Self {
+        self.config.small_zone_pct = pct;
+        self
+    }
+
+    /// Adds a pool of `bytes` with no node binding (a memory tier that
+    /// pages reach by migration; [`Config::extra_pools`]).
+    pub fn tier(mut self, bytes: usize) -> Self {
+        self.config = self.config.with_tier(bytes);
+        self
+    }
+
+    /// The experiment switches ([`Experiment`]); users leave them alone.
+    pub fn experiment(mut self, experiment: Experiment) -> Self {
+        self.config.experiment = experiment;
+        self
+    }
+
+    /// Validates the configuration, opens the userfaultfd, populates the pool
+    /// and starts the threads.
+    ///
+    /// # Errors
+    /// [`BuildError::Config`] names the field out of range (or the budget
+    /// that does not fit in the memory this process may take);
+    /// [`BuildError::Uffd`] when userfaultfd is missing or lacks a feature
+    /// faultline needs; [`BuildError::Pool`], [`BuildError::Sys`] and
+    /// [`BuildError::Thread`] carry the errno of the step that failed
+    /// (`EMFILE` when out of file descriptors).
+    pub fn build(self) -> Result<Manager, BuildError> {
+        let config = self.config;
+        config.validate()?;
+        let uffd = Uffd::open(
+            Features::MOVE
+                .with(Features::POISON)
+                .with(Features::EVENT_UNMAP),
+            Features::THREAD_ID,
+        )?;
+        let parts = pool_parts(&config);
+        let pagemap = PageMap::open()?;
+        let deferred_fd = EventFd::new()?;
+        let pool = Pool::new(&parts, &uffd)?;
+        let alloc = FramePools::new(
+            &parts,
+            AllocConfig {
+                pcp: config.experiment.pcp,
+                batch: config.experiment.pcp_batch,
+                high: config.experiment.pcp_high,
+                cpus: faultline_sys::host::online_cpus(),
+            },
+        );
+        let core = Arc::new(Core::new(config, uffd, pool, alloc, pagemap, deferred_fd));
+        let service = Service::start(core)?;
+        Ok(Manager::new(Arc::new(service)))
+    }
+}
+
+/// The pool's parts: pool 0 (the budget), its small-page zone first if any
+/// (so that the THP zone's 2 MiB blocks keep the high addresses), then the
+/// extra pools.
+fn pool_parts(config: &Config) -> Vec<PartSpec> {
+    let huge_unit = faultline_sys::HUGE_PAGE_SIZE;
+    let small = (config.budget / 100 * config.small_zone_pct) / huge_unit * huge_unit;
+    let mut parts: Vec<PartSpec> = Vec::new();
+    if small > 0 {
+        parts.push(PartSpec {
+            bytes: small,
+            node: config.node,
+            pool: 0,
+            huge: false,
+        });
+    }
+    if config.budget > small {
+        parts.push(PartSpec {
+            bytes: config.budget - small,
+            node: config.node,
+            pool: 0,
+            huge: true,
+        });
+    }
+    parts.extend(
+        config
+            .extra_pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PartSpec {
+                bytes: p.bytes,
+                node: p.node,
+                pool: i + 1,
+                huge: true,
+            }),
+    );
+    parts
+}

@@ -1,0 +1,283 @@
+//! [`Manager`]: the handle a program holds. It maps regions (checking every
+//! argument: zero, unaligned and oversized lengths, offsets that would wrap,
+//! a read-only store behind a writable region, another region over the same
+//! object range), and reports statistics and fault errors.
+//!
+//! Mapping a region: check the arguments → claim the store's object range
+//! (`core.rs: claim_object`) → a fresh anonymous mapping not inside another
+//! region's range → `MADV_NOHUGEPAGE` + `MADV_DONTFORK` → register it with
+//! the userfaultfd (missing-page faults) → publish it in the region table.
+//! From then on its first touches fault into the workers. Locks: the
+//! object registry's and the region table's (leaves).
+
+use super::region::{Access, ReadOnly, ReadWrite, Region};
+use super::service::Service;
+use super::ManagerBuilder;
+use crate::config::{Config, LookupCache, MapOptions, PageSize};
+use crate::core::Core;
+use crate::error::{AddrError, FaultError, MapError};
+use crate::frame::{FrameAllocator, PoolId};
+use crate::region::RegionInner;
+use crate::stats::StatsSnapshot;
+use crate::store::{Guarded, Store};
+use faultline_sys::mem::{Advice, Mapping};
+use faultline_sys::uffd::RegisterMode;
+use faultline_sys::SysError;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A user-space memory manager: a frame pool under a budget, the threads
+/// that serve faults, and the regions mapped over it. Cloning the handle is
+/// cheap; the manager lives until the last handle and region are dropped.
+#[derive(Debug, Clone)]
+pub struct Manager {
+    service: Arc<Service>,
+}
+
+impl Manager {
+    pub(super) fn new(service: Arc<Service>) -> Manager {
+        Manager { service }
+    }
+
+    /// A builder with the default configuration.
+    pub fn builder() -> ManagerBuilder {
+        ManagerBuilder::default()
+    }
+
+    fn core(&self) -> &Core {
+        &self.service.core
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.core().config
+    }
+
+    /// Maps a writable region of `len` bytes (a multiple of the page size in
+    /// `opts`) whose pages are filled from `store` on first touch; its
+    /// writes go back to the store (or, for [`crate::store::Zero`], live in
+    /// memory).
+    ///
+    /// # Errors
+    /// [`MapError`]: zero, unaligned or too large `len`; 2 MiB pages without
+    /// THP; a store that cannot keep writes, unless the region is pinned
+    /// ([`MapError::ReadOnlyStore`]: use [`Manager::map_read_only`] or
+    /// [`MapOptions::pinned`]); the store's object range mapped
+    /// writable by another region; a failed system call, with its errno.
+    pub fn map(
+        &self,
+        len: usize,
+        store: impl Store + 'static,
+        opts: MapOptions,
+    ) -> Result<Region, MapError> {
+        self.map_shared(len, Arc::new(store), opts)
+    }
+
+    /// Like [`Manager::map`], with a store shared with other regions.
+    ///
+    /// # Errors
+    /// As [`Manager::map`].
+    pub fn map_shared(
+        &self,
+        len: usize,
+        store: Arc<dyn Store>,
+        opts: MapOptions,
+    ) -> Result<Region, MapError> {
+        if !store.writable() && !store.is_zero() && !opts.pinned {
+            return Err(MapError::ReadOnlyStore);
+        }
+        self.map_as::<ReadWrite>(len, store, opts)
+    }
+
+    /// Maps a region that is only read: its type has no write methods, and
+    /// nothing is ever written to `store`.
+    ///
+    /// # Errors
+    /// As [`Manager::map`], except that any store is accepted.
+    pub fn map_read_only(
+        &self,
+        len: usize,
+        store: impl Store + 'static,
+        opts: MapOptions,
+    ) -> Result<Region<ReadOnly>, MapError> {
+        self.map_as::<ReadOnly>(len, Arc::new(store), opts)
+    }
+
+    fn map_as<A: Access>(
+        &self,
+        len: usize,
+        store: Arc<dyn Store>,
+        opts: MapOptions,
+    ) -> Result<Region<A>, MapError> {
+        let page = opts.page_size;
+        check_len(len, page)?;
+        if page == PageSize::Huge2M && !self.core().pool.thp() {
+            return Err(MapError::NoHugePages);
+        }
+        let core = self.core();
+        let id = core.next_region_id();
+        let claim = core.claim_object(id, store.as_ref(), len)?;
+        let mapped = self.map_range(id, len, store, opts);
+        if mapped.is_err() && claim {
+            core.release_object(id);
+        }
+        mapped.map(|inner| Region::new(inner, Arc::clone(&self.service)))
+    }
+
+    /// An anonymous mapping for a new region. Once the program has unmapped
+    /// part of a region, the kernel may place a new mapping in that hole,
+    /// inside the old region's range (even before faultline has read the
+    /// unmap event): such a mapping is held aside (so the kernel picks
+    /// another place) and a new one made, a few times.
+    fn fresh_mapping(&self, len: usize, page: PageSize) -> Result<Mapping, MapError> {
+        let core = self.core();
+        let mut aside = Vec::new();
+        loop {
+            let map = Mapping::anonymous(len, page.bytes())?;
+            if !core.table.overlaps(map.addr(), map.addr() + len) {
+                return Ok(map);
+            }
+            if aside.len() >= 16 {
+                return Err(MapError::Sys(SysError {
+                    op: "mmap",
+                    addr: map.addr(),
+                    len,
+                    errno: libc::ENOMEM,
+                }));
+            }
+            aside.push(map);
+        }
+    }
+
+    /// Maps, registers and publishes region `id` (see [`Manager::map`]).
+    fn map_range(
+        &self,
+        id: u64,
+        len: usize,
+        store: Arc<dyn Store>,
+        opts: MapOptions,
+    ) -> Result<Arc<RegionInner>, MapError> {
+        let page = opts.page_size;
+        let map = self.fresh_mapping(len, page)?;
+        map.advise(map.addr(), len, Advice::NoHugePage)?;
+        map.advise(map.addr(), len, Advice::DontFork)?;
+        let core = self.core();
+        let mode = RegisterMode {
+            missing: true,
+            wp: false,
+        };
+        core.uffd.register(map.addr(), len, mode)?;
+        let window = lock_window(core, store.as_ref(), page);
+        let store: Arc<dyn Store> = Arc::new(Guarded(store));
+        let inner = Arc::new(RegionInner::new(id, map, page, store, window, opts.pinned));
+        core.table.insert(Arc::clone(&inner));
+        Ok(inner)
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> StatsSnapshot {
+        let c = self.core();
+        // Reserve frames are free memory that happens to be zeroed already.
+        let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
+        let mut snap = c
+            .stats
+            .snapshot(c.pool.pages(), c.alloc.free_pages() + reserve);
+        snap.locks = c.locks.stat();
+        snap.frames_prezeroed = reserve;
+        snap
+    }
+
+    /// The oldest fault error not yet returned, if any (a fault that could not
+    /// be served poisons its page, so its thread gets SIGBUS, and queues its
+    /// cause here).
+    pub fn take_error(&self) -> Option<FaultError> {
+        self.core().take_error(|_| true)
+    }
+
+    /// [`Manager::take_error`], waiting up to `timeout` for an error to be
+    /// queued (for a thread that watches a manager's errors).
+    pub fn next_error(&self, timeout: Duration) -> Option<FaultError> {
+        self.core().wait_error(|_| true, timeout)
+    }
+
+    /// Number of mapped regions.
+    pub fn regions(&self) -> usize {
+        self.core().table.len()
+    }
+
+    /// The range and page size of the region holding `addr`.
+    ///
+    /// # Errors
+    /// [`AddrError::Foreign`] if no region of this manager holds `addr`.
+    pub fn region_at(&self, addr: usize) -> Result<(usize, usize, PageSize), AddrError> {
+        self.core()
+            .table
+            .lookup_with(addr, |r| (r.start(), r.end(), r.page_size))
+            .ok_or(AddrError::Foreign { addr })
+    }
+
+    /// Switches the region table's lookup cache (for experiments; lookups in
+    /// flight finish with the old scheme, which is equally correct).
+    pub fn set_lookup_cache(&self, cache: LookupCache) {
+        self.core().table.set_cache(cache);
+    }
+
+    /// The fault addresses recorded so far (with
+    /// [`crate::Experiment::trace_faults`]).
+    pub fn fault_trace(&self) -> Vec<usize> {
+        self.core().trace.lock().clone()
+    }
+
+    /// Number of frame pools (1 + [`Config::extra_pools`]).
+    pub fn pools(&self) -> usize {
+        self.core().alloc.count()
+    }
+
+    /// `(size, free)` of pool `pool` in bytes (zero for no such pool).
+    pub fn pool_bytes(&self, pool: PoolId) -> (usize, usize) {
+        let a = &self.core().alloc;
+        let ps = faultline_sys::PAGE_SIZE;
+        (a.pages_in(pool) * ps, a.free_pages_in(pool) * ps)
+    }
+
+    /// The userfaultfd features in use.
+    pub fn features(&self) -> Vec<&'static str> {
+        self.core().uffd.features().names()
+    }
+}
+
+/// Checks a region length: non-zero, a multiple of the page size, and
+/// small enough that addresses within it cannot overflow.
+fn check_len(len: usize, page: PageSize) -> Result<(), MapError> {
+    if len == 0 {
+        return Err(MapError::ZeroLength);
+    }
+    if len % page.bytes() != 0 {
+        return Err(MapError::Unaligned {
+            len,
+            page: page.name(),
+        });
+    }
+    if len > isize::MAX as usize / 2 {
+        return Err(MapError::TooLarge { len });
+    }
+    Ok(())
+}
+
+/// The lock window: pages that share a fault lock. Zero-filled 4 KiB
+/// regions: the fault-around window (one lock per window mapped at once).
+/// 4 KiB regions over a named object (a file): the largest read-ahead
+/// window, so a read-ahead run needs one or two locks, not one per page
+/// (with one per page, a concurrent read-ahead holds most of the table and
+/// every try_lock fails: 3.6x fewer sequential reads per second,
+/// docs/design.md); faults inside one window wait for each other, as the
+/// kernel's do for pages of a read-ahead in flight. Other stores (remote,
+/// slow: seed 003's case) and 2 MiB pages: the page, so a slow fault holds
+/// up no other page.
+fn lock_window(core: &Core, store: &dyn Store, page: PageSize) -> usize {
+    match page {
+        PageSize::Base4K if store.is_zero() => core.config.fault_around,
+        PageSize::Base4K if store.identity().is_some() => core.config.readahead_max,
+        PageSize::Base4K | PageSize::Huge2M => 1,
+    }
+}

@@ -1,0 +1,139 @@
+//! The threads of one manager and their shutdown: the fault workers, the
+//! standby worker, the reclaimer and the zeroing worker, all holding an
+//! `Arc<Core>`. The [`Manager`](super::Manager) and every
+//! [`Region`](super::Region) hold an `Arc<Service>`; when the last one is
+//! dropped, the core is told to stop, the shutdown eventfd is signalled and
+//! the threads are joined — within [`SHUTDOWN_WAIT`], so a store call that
+//! never returns cannot hang the program's drop (such a thread is detached,
+//! with an error logged, and keeps the core alive until it returns).
+//!
+//! Invariant: every thread a manager needs is started, and every fd it
+//! needs opened, in `build()` ([`Service::start`]): nothing is acquired
+//! later on the fault path. Locks: none of its own.
+
+use crate::core::Core;
+use crate::error::BuildError;
+use crate::fault::service::{run_standby, run_worker};
+use crate::frame::FrameAllocator;
+use faultline_sys::uffd::{EventFd, Waiter};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long dropping the manager (or a region's teardown) waits for its
+/// threads or a page lock.
+pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// Owns the manager's threads; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Service {
+    pub(crate) core: Arc<Core>,
+    shutdown: EventFd,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Service {
+    /// Starts every thread of `core`. The epoll sets are made first, so
+    /// running out of file descriptors is `build()`'s error, not a worker
+    /// that quietly exits (and a first touch that then waits forever).
+    pub(crate) fn start(core: Arc<Core>) -> Result<Service, BuildError> {
+        let shutdown = EventFd::new()?;
+        let others: [RawFd; 2] = [shutdown.raw_fd(), core.deferred_fd.raw_fd()];
+        let wake_one = core.config.experiment.exclusive_wake;
+        let workers = core.config.workers;
+        let waiters = (0..=workers)
+            .map(|_| Waiter::new(&core.uffd, &others, wake_one))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut service = Service {
+            core,
+            shutdown,
+            threads: Vec::new(),
+        };
+        for (i, waiter) in waiters.into_iter().enumerate() {
+            let name = if i < workers {
+                format!("faultline-w{i}")
+            } else {
+                "faultline-standby".into()
+            };
+            service.spawn(name, move |c| {
+                if i < workers {
+                    run_worker(c, i, waiter)
+                } else {
+                    run_standby(c, i, waiter)
+                }
+            })?;
+        }
+        if service.core.config.reclaim {
+            service.spawn("faultline-reclaim".into(), |c| crate::reclaim::run(&c))?;
+        }
+        if service.core.config.prezero && service.core.pool.thp() {
+            service.spawn("faultline-zero".into(), |c| crate::fill::run_zeroer(&c))?;
+        }
+        Ok(service)
+    }
+
+    fn spawn(
+        &mut self,
+        name: String,
+        run: impl FnOnce(Arc<Core>) + Send + 'static,
+    ) -> Result<(), BuildError> {
+        let c = Arc::clone(&self.core);
+        let h = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run(c))
+            .map_err(BuildError::Thread)?;
+        self.threads.push(h);
+        Ok(())
+    }
+
+    /// Joins the threads that finish within [`SHUTDOWN_WAIT`]; the others
+    /// are detached with an error logged. Returns whether all joined.
+    fn join_bounded(&mut self) -> bool {
+        let deadline = Instant::now() + SHUTDOWN_WAIT;
+        while self.threads.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut all = true;
+        for w in self.threads.drain(..) {
+            if w.is_finished() {
+                let _ = w.join();
+            } else {
+                all = false;
+                tracing::error!(
+                    thread = w.thread().name().unwrap_or("?"),
+                    "a faultline thread did not stop within {SHUTDOWN_WAIT:?} (a store call that does not return?); detached"
+                );
+            }
+        }
+        all
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if !self.core.in_owner() {
+            // A child of fork(): the threads are the parent's (none run
+            // here), and the shutdown eventfd is shared with the parent —
+            // signalling it would stop the parent's workers.
+            return;
+        }
+        // If signalling fails the workers would block forever; there is no
+        // way to report it from drop, and joining would hang, so detach then.
+        self.core.stop();
+        if self.shutdown.signal().is_ok() && self.join_bounded() {
+            self.core.drain_reserve();
+            // Every region is gone (each held this service), so every frame
+            // is free again: `free + in flight + mapped = pool pages` with the
+            // last two zero. Checked in debug builds (the tests).
+            if cfg!(debug_assertions) && !std::thread::panicking() {
+                self.core.alloc.check();
+                debug_assert_eq!(
+                    self.core.alloc.free_pages(),
+                    self.core.pool.pages(),
+                    "frames leaked at shutdown"
+                );
+            }
+        }
+    }
+}

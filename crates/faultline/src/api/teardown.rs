@@ -1,0 +1,178 @@
+//! Region teardown (`Drop for Region`): write dirty pages back (the error
+//! is queued: drop cannot return it; [`super::Region::close`] can) → wait
+//! until every unmap event read so far is handled → remove the region from
+//! the table (no new lookup finds it) → `dying = true` → unregister the
+//! parts still ours (blocked threads wake) → for each lock window holding
+//! frames, under its locks, move resident runs back to their pool slots
+//! and free every frame. The mapping is unmapped when the last
+//! `Arc<RegionInner>` (perhaps a worker's) goes.
+//!
+//! Bounded: a page lock held past [`SHUTDOWN_WAIT`] (a worker stuck in a
+//! store call) is reported and its window's frames leaked rather than the
+//! drop hung. In a child of `fork()` nothing is done (see `Core::in_owner`).
+//! Locks: each window's fault locks, one window at a time.
+
+use super::region::{Access, Region};
+use super::service::SHUTDOWN_WAIT;
+use crate::core::Core;
+use crate::error::FaultError;
+use crate::frame::{Frame, FrameAllocator};
+use crate::pagemove::{self, Holes};
+use crate::region::{PageState, RegionInner};
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+
+impl<A: Access> Drop for Region<A> {
+    fn drop(&mut self) {
+        let core = &self.service.core;
+        if !core.in_owner() {
+            // A child of fork(): the region's range is not in the child
+            // (`MADV_DONTFORK`), and every teardown step — write-back,
+            // unregister, moving pages out — would act on the parent's
+            // address space through the shared userfaultfd. Forget it.
+            return;
+        }
+        teardown(core, &self.inner);
+    }
+}
+
+fn teardown(core: &Core, r: &RegionInner) {
+    // Write back before the frames go: a region's data outlives it in its
+    // store. An error cannot be returned from drop; it is queued.
+    if r.store.writable() {
+        if let Err(e) = crate::writeback::write_back(core, r, Some(SHUTDOWN_WAIT))
+            .and_then(|()| r.store.flush())
+        {
+            core.record(FaultError::Store {
+                addr: r.start(),
+                source: e,
+            });
+        }
+    }
+    core.await_unmaps();
+    core.table.remove(r.id);
+    core.release_object(r.id);
+    r.set_dying();
+    // Only the parts still ours: a part the program unmapped may hold
+    // someone else's mapping now.
+    for (s, e) in r.map.live_ranges() {
+        if let Err(err) = core.uffd.unregister(s, e - s) {
+            core.record(FaultError::Move {
+                addr: s,
+                source: err,
+            });
+        }
+    }
+    let mut freed: Vec<Frame> = Vec::new();
+    let mut next = 0;
+    while next < r.pages() {
+        let w = r.window(next);
+        next = w.end;
+        free_window(core, r, w, &mut freed);
+    }
+    core.alloc.free_bulk(&mut freed);
+}
+
+/// Takes back the frames of window `w` (its pages under its locks), pushing
+/// them on `freed`.
+fn free_window(core: &Core, r: &RegionInner, w: Range<usize>, freed: &mut Vec<Frame>) {
+    let holds = |p| matches!(r.state(p), PageState::Resident(_) | PageState::Parked(_));
+    if !w.clone().any(holds) {
+        return;
+    }
+    // The window's locks (one, unless a file offset not aligned to the
+    // window splits it between two file windows).
+    let mut idx: Vec<usize> = w
+        .clone()
+        .map(|p| {
+            let (domain, key) = r.lock_key(p);
+            core.locks.index(domain, key)
+        })
+        .collect();
+    let Some(_g) = core.locks.lock_all_within(&mut idx, SHUTDOWN_WAIT) else {
+        // A worker holds it, stuck in a store call: leave the window's
+        // frames (they leak) rather than hang the drop.
+        core.record(FaultError::Inconsistent {
+            addr: r.page_addr(w.start),
+            what: "a fault lock stayed held through teardown (a store call that does not return?); its pages' frames are leaked",
+        });
+        return;
+    };
+    let order = r.page_size.order();
+    let mut p = w.start;
+    while p < w.end {
+        match r.state(p) {
+            PageState::Resident(f) => p += take_run(core, r, p, f, w.end, freed),
+            PageState::Parked(f) => {
+                // Its data is in its frame, in its slot: just free it.
+                let frame = Frame::from_parts(f, order);
+                core.pool.set_zeroed(&frame, false);
+                r.set_state(p, PageState::Absent);
+                freed.push(frame);
+                p += 1;
+            }
+            PageState::Absent | PageState::Poisoned | PageState::Gone => p += 1,
+        }
+    }
+}
+
+/// Moves the run of resident pages from `p` (frame `f`) backed by
+/// consecutive frames (a fault-around run) back with one `UFFDIO_MOVE`, and
+/// frees their frames; returns the run's length.
+fn take_run(
+    core: &Core,
+    r: &RegionInner,
+    p: usize,
+    f: u32,
+    end: usize,
+    freed: &mut Vec<Frame>,
+) -> usize {
+    let order = r.page_size.order();
+    let unit = r.page_size.bytes();
+    let per_unit = (unit / faultline_sys::PAGE_SIZE) as u32;
+    let mut n = 1;
+    while p + n < end && r.state(p + n) == PageState::Resident(f + n as u32 * per_unit) {
+        n += 1;
+    }
+    let slot = core.pool.slot_addr(f);
+    // SAFETY: `slot..+n*unit` are the holes these frames left in the pool
+    // and the region pages are resident; after unregistering, nothing but
+    // this teardown (holding the window lock) changes either.
+    let whole = unsafe { pagemove::move_out(core, slot, r.page_addr(p), n * unit) };
+    for i in 0..n {
+        let frame = Frame::from_parts(f + i as u32 * per_unit, order);
+        if whole.is_err() {
+            move_back_one(core, &frame, r.page_addr(p + i));
+        }
+        core.pool.set_zeroed(&frame, false);
+        r.set_state(p + i, PageState::Absent);
+        freed.push(frame);
+    }
+    core.stats
+        .unmapped_pages
+        .fetch_add(n as u64, Ordering::Relaxed);
+    n
+}
+
+/// Moves one resident page back to its frame's slot after a run move did
+/// not complete, skipping 4 KiB pages the program dropped; whatever
+/// happens, the slot ends up populated (the frame is about to be freed).
+fn move_back_one(core: &Core, frame: &Frame, page_addr: usize) {
+    let slot = core.pool.addr_of(frame);
+    // SAFETY: as in `take_run`: the slot holds whatever of the frame is not
+    // in the region, and the region page is ours, under its lock.
+    let moved =
+        unsafe { pagemove::move_range(core, slot, page_addr, frame.bytes(), Holes::Allow, false) };
+    if let Err(e) = moved {
+        core.record(FaultError::Move {
+            addr: page_addr,
+            source: e.into_sys(page_addr, frame.bytes()),
+        });
+    }
+    if let Err(e) = pagemove::fill_holes(core, slot, frame.bytes()) {
+        core.record(FaultError::Move {
+            addr: slot,
+            source: e,
+        });
+    }
+}

@@ -1,0 +1,454 @@
+//! The core: the state every worker and handle shares — the userfaultfd,
+//! the frame pool and its allocator, the region table, the fault locks, the
+//! stats, the error queue, the event intake bookkeeping and the registry of
+//! mapped objects. It owns no policy: filling, moving, reclaiming and
+//! migrating pages are the modules above it, which take a `&Core`.
+//!
+//! Invariants: `uffd` is declared (so dropped) before `pool` (see the
+//! field); `unmaps_pending` counts unmap events read and not yet handled;
+//! region ids grow monotonically (`next_id`), so an event's stamp tells
+//! which regions were mapped after it was read.
+//!
+//! Locks: `errors`, `objects`, `deferred`, `worker_tids`, `reserve`,
+//! `trace`, `copy_jobs` and `hand` are leaf mutexes (nothing else is taken
+//! while one is held).
+
+use crate::config::Config;
+use crate::copyjob::CopyJob;
+use crate::error::{FaultError, MapError};
+use crate::frame::{Frame, FrameAllocator, FramePools, Pool};
+use crate::locks::FaultLocks;
+use crate::region::RegionTable;
+use crate::stats::Stats;
+use crate::store::Store;
+use faultline_sys::mem::PageMap;
+use faultline_sys::uffd::{Event, EventFd, Uffd};
+use faultline_sys::SysError;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// At most this many fault errors are queued; older ones are dropped (and
+/// still counted in the stats).
+const ERROR_QUEUE: usize = 1024;
+
+/// An event as read, with [`Core::region_stamp`] at the time it was read:
+/// regions with that id or a higher one were mapped after the event was
+/// read (an unmap event concerns none of them).
+pub(crate) type Queued = (Event, u64);
+
+/// Where the reclaim clock's hand stands: the start address of a region
+/// and a page (see `reclaim`).
+#[derive(Debug, Default)]
+pub(crate) struct Hand {
+    pub(crate) region_start: usize,
+    pub(crate) page: usize,
+}
+
+/// State shared by the workers and the handles.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) config: Config,
+    /// Declared (so dropped) before `pool`: the pool is registered with it,
+    /// and with `UFFD_FEATURE_EVENT_UNMAP` unmapping a registered range
+    /// waits for a reader of the event — closing the userfaultfd first
+    /// unregisters everything.
+    pub(crate) uffd: Uffd,
+    pub(crate) pool: Pool,
+    pub(crate) alloc: FramePools,
+    pub(crate) table: RegionTable,
+    pub(crate) locks: FaultLocks,
+    pub(crate) stats: Stats,
+    /// This process's page tables, read by the page-move protocol
+    /// ([`crate::pagemove`]).
+    pub(crate) pagemap: PageMap,
+    /// The process that built the manager. A child of `fork()` has copies of
+    /// every handle but none of the threads, and shares the userfaultfd and
+    /// the shutdown eventfd with this process (ioctls on the userfaultfd act
+    /// on *this* process's address space): in a child, dropping a handle
+    /// must do nothing but forget it ([`Core::in_owner`]).
+    pid: u32,
+    errors: Mutex<VecDeque<FaultError>>,
+    /// Signalled when an error is queued ([`Core::wait_error`]).
+    errors_cv: parking_lot::Condvar,
+    /// The object ranges mapped by live regions (a leaf lock, taken at map
+    /// and teardown).
+    objects: Mutex<Vec<ObjectUse>>,
+    /// Unmap events read but not yet handled (see [`Core::await_unmaps`]).
+    unmaps_pending: AtomicUsize,
+    /// Threads inside [`Core::read_events`] (their unmap events are not
+    /// counted in `unmaps_pending` yet).
+    readers: AtomicUsize,
+    next_id: AtomicU64,
+    /// Events handed off by a worker about to block; see `fault::service`.
+    pub(crate) deferred: Mutex<VecDeque<Queued>>,
+    /// Signalled when `deferred` gets events.
+    pub(crate) deferred_fd: EventFd,
+    /// Kernel thread ids of the workers (a fault from one is a bug).
+    pub(crate) worker_tids: Mutex<Vec<u32>>,
+    /// Zeroed 2 MiB frames ready for faults (filled by the zeroing worker).
+    pub(crate) reserve: Mutex<Vec<Frame>>,
+    /// Wakes the zeroing worker (a frame was taken, or shutdown).
+    pub(crate) reserve_cv: parking_lot::Condvar,
+    /// The zeroing worker holds a frame it has not put in `reserve` yet.
+    pub(crate) zeroing: AtomicBool,
+    stopping: AtomicBool,
+    /// Workers inside a section that may block on a store call (see
+    /// [`Core::enter_busy`]).
+    busy: AtomicUsize,
+    /// Thread ids of the workers inside a store call: a fault *by* one of
+    /// them on a page under a lock it holds is served under that lock (see
+    /// [`Core::lock_lent_to`]). A leaf lock.
+    lent: Mutex<Vec<u32>>,
+    /// Wakes the standby worker when every worker is busy, or at shutdown.
+    pub(crate) standby_cv: parking_lot::Condvar,
+    /// The standby's condvar mutex (a leaf; guards nothing but the wait).
+    pub(crate) standby_mx: Mutex<()>,
+    /// Fault addresses, when `config.experiment.trace_faults > 0`.
+    pub(crate) trace: Mutex<Vec<usize>>,
+    /// The reclaim clock's hand.
+    pub(crate) hand: Mutex<Hand>,
+    /// Migration copies offered to idle workers (see `migrate`).
+    pub(crate) copy_jobs: Mutex<Vec<Arc<CopyJob>>>,
+    /// Number of offered copies; workers look at the list only when > 0.
+    pub(crate) copy_pending: AtomicUsize,
+}
+
+impl Core {
+    /// A core over the parts `build()` made (in the order that keeps an
+    /// error return from hanging: see the `uffd` field).
+    pub(crate) fn new(
+        config: Config,
+        uffd: Uffd,
+        pool: Pool,
+        alloc: FramePools,
+        pagemap: PageMap,
+        deferred_fd: EventFd,
+    ) -> Core {
+        Core {
+            locks: FaultLocks::new(
+                config.experiment.locks,
+                config.experiment.lock_table(config.workers),
+            ),
+            stats: Stats::new(config.workers + 1),
+            pagemap,
+            pid: faultline_sys::host::process_id(),
+            table: RegionTable::new(config.experiment.lookup_cache),
+            errors: Mutex::new(VecDeque::new()),
+            errors_cv: parking_lot::Condvar::new(),
+            objects: Mutex::new(Vec::new()),
+            unmaps_pending: AtomicUsize::new(0),
+            readers: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            deferred: Mutex::new(VecDeque::new()),
+            deferred_fd,
+            worker_tids: Mutex::new(Vec::new()),
+            reserve: Mutex::new(Vec::new()),
+            reserve_cv: parking_lot::Condvar::new(),
+            zeroing: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+            lent: Mutex::new(Vec::new()),
+            standby_cv: parking_lot::Condvar::new(),
+            standby_mx: Mutex::new(()),
+            trace: Mutex::new(Vec::new()),
+            hand: Mutex::new(Hand::default()),
+            copy_jobs: Mutex::new(Vec::new()),
+            copy_pending: AtomicUsize::new(0),
+            config,
+            uffd,
+            pool,
+            alloc,
+        }
+    }
+
+    /// A new region id. AcqRel pairs with the Acquire load in
+    /// [`Core::region_stamp`].
+    pub(crate) fn next_region_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// Forgets region `id`'s object range ([`Core::claim_object`]).
+    pub(crate) fn release_object(&self, id: u64) {
+        self.objects.lock().retain(|u| u.region != id);
+    }
+
+    /// Starts shutdown: background threads see [`Core::is_stopping`].
+    /// Release pairs with its Acquire load.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.reserve_cv.notify_all();
+        let _g = self.standby_mx.lock();
+        self.standby_cv.notify_all();
+    }
+
+    /// Marks the calling worker busy (about to call a store, which may block
+    /// or even fault on another region) until the guard drops; when every
+    /// worker is busy, wakes the standby worker so faults are still served.
+    pub(crate) fn enter_busy(&self) -> Busy<'_> {
+        let tid = crate::locks::this_thread();
+        self.lent.lock().push(tid);
+        // AcqRel: pairs with the Acquire load in `all_busy`.
+        let n = self.busy.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.config.workers {
+            let _g = self.standby_mx.lock();
+            self.standby_cv.notify_one();
+        }
+        Busy { core: self, tid }
+    }
+
+    /// Whether thread `tid` is a worker inside a store call holding fault
+    /// lock `idx` (its own page's, or one of its read-ahead run's). A fault
+    /// by that thread (its store touched a region) on a page under lock
+    /// `idx` would wait for the thread itself; the thread is stopped in that
+    /// very fault until it is served, so the server may act under the lock
+    /// the thread holds.
+    pub(crate) fn lock_lent_to(&self, tid: u32, idx: usize) -> bool {
+        tid != 0 && self.locks.owner(idx) == tid && self.lent.lock().contains(&tid)
+    }
+
+    /// Whether every worker is inside a store call. Acquire pairs with
+    /// `enter_busy` and `Busy::drop`.
+    pub(crate) fn all_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire) >= self.config.workers
+    }
+
+    /// Gives the pre-zeroed reserve back to the allocator (at shutdown, or
+    /// when memory is short); returns how many frames it held.
+    pub(crate) fn drain_reserve(&self) -> usize {
+        let mut back: Vec<Frame> = std::mem::take(&mut *self.reserve.lock());
+        let n = back.len();
+        if n > 0 {
+            self.alloc.free_bulk(&mut back);
+        }
+        n
+    }
+
+    /// Waits (up to 1 s: the worker runs at the lowest priority) while the
+    /// zeroing worker holds a frame it has not published; returns whether it
+    /// held one. Acquire pairs with the Release store in `fill::run_zeroer`
+    /// (the frame is in `reserve` by then).
+    pub(crate) fn await_zeroing(&self) -> bool {
+        if !self.zeroing.load(Ordering::Acquire) {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while self.zeroing.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        true
+    }
+
+    /// Wakes the threads waiting on `[addr, addr + len)`; a failure (a bug:
+    /// the range is registered) is recorded.
+    pub(crate) fn wake(&self, addr: usize, len: usize) {
+        if let Err(e) = self.uffd.wake(addr, len) {
+            self.record(FaultError::Move { addr, source: e });
+        }
+    }
+    /// A pre-zeroed 2 MiB frame, if the reserve has one.
+    pub(crate) fn take_prezeroed(&self) -> Option<Frame> {
+        let f = self.reserve.lock().pop();
+        if f.is_some() {
+            self.reserve_cv.notify_one();
+        }
+        f
+    }
+
+    /// Records that region `id` maps `len` bytes of `store`'s object, if it
+    /// names one; refuses an overlap with another region's range of the same
+    /// object when either may write. Returns whether a use was recorded.
+    pub(crate) fn claim_object(
+        &self,
+        id: u64,
+        store: &dyn Store,
+        len: usize,
+    ) -> Result<bool, MapError> {
+        let Some((object, start)) = store.identity() else {
+            return Ok(false);
+        };
+        // Object offsets are `off_t`: past `i64::MAX` every read fails.
+        let end = match start.checked_add(len as u64) {
+            Some(end) if end <= i64::MAX as u64 => end,
+            _ => return Err(MapError::OffsetOverflow { offset: start, len }),
+        };
+        let writable = store.writable();
+        let mut uses = self.objects.lock();
+        if let Some(u) = uses.iter().find(|u| {
+            u.object == object && u.start < end && start < u.end && (u.writable || writable)
+        }) {
+            return Err(MapError::Overlaps {
+                start,
+                end,
+                other_start: u.start,
+                other_end: u.end,
+            });
+        }
+        uses.push(ObjectUse {
+            region: id,
+            object,
+            start,
+            end,
+            writable,
+        });
+        Ok(true)
+    }
+
+    /// Reads pending userfaultfd events into the deferred queue for the
+    /// workers. Called by a thread waiting for a move the kernel refuses
+    /// with `EAGAIN`: while a `UFFD_EVENT_UNMAP` is unread, the kernel
+    /// refuses every move (`mmap_changing`), and the workers that would read
+    /// it may be waiting for a lock this thread holds.
+    pub(crate) fn pump_events(&self) {
+        let mut evs = Vec::new();
+        if let Ok((n, stamp)) = self.read_events(&mut evs, 64) {
+            if n == 0 {
+                return;
+            }
+            self.deferred
+                .lock()
+                .extend(evs.into_iter().map(|ev| (ev, stamp)));
+            if let Err(e) = self.deferred_fd.signal() {
+                self.record(FaultError::Events(e));
+            }
+        }
+    }
+
+    /// Reads up to `max` pending userfaultfd events (without blocking) into
+    /// `out`; returns how many, and the stamp for them: the next region id
+    /// *before* the read ([`Core::region_stamp`]). A thread that unmapped
+    /// part of a region is released only once its event is read, so every
+    /// region it maps afterwards has an id at or above the stamp. Unmap
+    /// events read are counted pending until handled.
+    pub(crate) fn read_events(
+        &self,
+        out: &mut Vec<Event>,
+        max: usize,
+    ) -> Result<(usize, u64), SysError> {
+        let stamp = self.region_stamp();
+        // AcqRel: pairs with the Acquire loads in `await_unmaps`.
+        self.readers.fetch_add(1, Ordering::AcqRel);
+        let before = out.len();
+        let r = self.uffd.read_events(out, max);
+        let unmaps = out[before..]
+            .iter()
+            .filter(|e| matches!(e, Event::Unmap { .. }))
+            .count();
+        if unmaps > 0 {
+            self.unmaps_pending.fetch_add(unmaps, Ordering::AcqRel);
+        }
+        self.readers.fetch_sub(1, Ordering::AcqRel);
+        r.map(|n| (n, stamp))
+    }
+
+    /// Marks one unmap event handled. Release pairs with the Acquire load in
+    /// [`Core::await_unmaps`]: the region's gone ranges are recorded first.
+    pub(crate) fn unmap_handled(&self) {
+        self.unmaps_pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Before a region is torn down: reads pending events and waits (up to
+    /// 5 s) until every unmap event read so far is handled, so the region
+    /// knows every range the program unmapped before dropping it (a
+    /// program that unmaps part of a region and then drops it has been
+    /// released from `munmap` only once the event was read, not handled).
+    pub(crate) fn await_unmaps(&self) {
+        self.pump_events();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while (self.readers.load(Ordering::Acquire) > 0
+            || self.unmaps_pending.load(Ordering::Acquire) > 0)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// The id the next region will get. Read just before events are read:
+    /// a region with this id or higher was mapped after the events' unmaps. Acquire pairs
+    /// with the increment in `map_shared` (AcqRel).
+    pub(crate) fn region_stamp(&self) -> u64 {
+        self.next_id.load(Ordering::Acquire)
+    }
+
+    /// Whether the manager is shutting down (set before the workers'
+    /// shutdown eventfd is signalled). Acquire pairs with the Release store
+    /// in `Service::drop`.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Whether this is the process that built the manager (not a child of
+    /// `fork()`); see `pid`.
+    pub(crate) fn in_owner(&self) -> bool {
+        self.pid == faultline_sys::host::process_id()
+    }
+
+    /// Queues a fault error for the API to return.
+    pub(crate) fn record(&self, e: FaultError) {
+        tracing::warn!(error = %e, "fault error");
+        Stats::bump(&self.stats.errors);
+        let mut q = self.errors.lock();
+        if q.len() == ERROR_QUEUE {
+            q.pop_front();
+            Stats::bump(&self.stats.errors_dropped);
+        }
+        q.push_back(e);
+        self.errors_cv.notify_all();
+    }
+
+    /// Removes and returns the oldest queued error that `pick` accepts.
+    pub(crate) fn take_error(&self, pick: impl Fn(&FaultError) -> bool) -> Option<FaultError> {
+        let mut q = self.errors.lock();
+        let i = q.iter().position(pick)?;
+        q.remove(i)
+    }
+
+    /// [`Core::take_error`], waiting up to `timeout` for one to be queued.
+    pub(crate) fn wait_error(
+        &self,
+        pick: impl Fn(&FaultError) -> bool,
+        timeout: std::time::Duration,
+    ) -> Option<FaultError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut q = self.errors.lock();
+        loop {
+            if let Some(i) = q.iter().position(&pick) {
+                return q.remove(i);
+            }
+            if self.errors_cv.wait_until(&mut q, deadline).timed_out() {
+                return None;
+            }
+        }
+    }
+}
+
+/// A worker's busy mark ([`Core::enter_busy`]).
+#[derive(Debug)]
+pub(crate) struct Busy<'a> {
+    core: &'a Core,
+    tid: u32,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut lent = self.core.lent.lock();
+        if let Some(i) = lent.iter().position(|&t| t == self.tid) {
+            lent.swap_remove(i);
+        }
+        drop(lent);
+        // Release: pairs with the Acquire load in `Core::all_busy`.
+        self.core.busy.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// One region's use of a named object (a file): `(region id, object,
+/// byte range, writable)`; see [`MapError::Overlaps`].
+#[derive(Debug, Clone, Copy)]
+struct ObjectUse {
+    region: u64,
+    object: u64,
+    start: u64,
+    end: u64,
+    writable: bool,
+}

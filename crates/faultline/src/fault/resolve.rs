@@ -1,0 +1,385 @@
+//! Resolving one fault, under the page's lock: what the page's state asks
+//! for (absent: serve it; parked: move its frame back; resident: a racing
+//! fault's wake-up, or a dropped part to gather; poisoned: retry the store;
+//! gone: the program unmapped it), and for an absent page the steps in
+//! order: choose the unit and take its frame ([`super::unit`]) → fill it
+//! ([`crate::fill`]) → record the pages resident → move it in
+//! ([`crate::pagemove`], which wakes the faulting threads).
+//!
+//! Outcomes ([`Resolution`]): see its docs. Frame accounting: a frame
+//! taken from the allocator is either moved into the region (and recorded
+//! in the page state) or returned before the page lock is released.
+//! Locks: the caller holds the page's fault lock (and the unit's, for
+//! fault-around and read-ahead runs).
+
+use super::unit::{self, Unit};
+use super::Resolution;
+use crate::core::Core;
+use crate::error::FaultError;
+use crate::fill::{self, FillSource};
+use crate::frame::{Frame, FrameAllocator};
+use crate::pagemove::{self, MoveError};
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use faultline_sys::uffd::Resolved;
+use faultline_sys::PAGE_SIZE;
+
+/// Resolves a fault on `page` of `region`. Caller holds the page's lock.
+/// `attempt` > 0 after a move that kept failing with `EAGAIN`/`EBUSY`: then
+/// without fault-around and with another frame.
+pub(super) fn resolve(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    attempt: u32,
+) -> Resolution {
+    if region.dying() {
+        wake(core, region, page);
+        return Resolution::Dying;
+    }
+    match region.state(page) {
+        PageState::Absent => serve(core, region, page, fault_addr, attempt),
+        PageState::Poisoned => {
+            // A fault on a poisoned page: the program dropped the poison
+            // marker (MADV_DONTNEED: waking would loop forever), or a thread
+            // touches it again after a SIGBUS. Either way the store gets
+            // another try (its error may have been transient): the marker
+            // goes, and the page is served afresh — or poisoned again.
+            let addr = region.page_addr(page);
+            // SAFETY: a poisoned page holds no data, only the kernel's
+            // poison marker, and nothing references it.
+            if let Err(source) = unsafe { region.map.discard(addr, region.page_size.bytes()) } {
+                return poison(core, region, page, FaultError::Move { addr, source });
+            }
+            region.set_state(page, PageState::Absent);
+            Stats::bump(&core.stats.poison_retries);
+            serve(core, region, page, fault_addr, attempt)
+        }
+        PageState::Parked(f) => unpark(core, region, page, f),
+        PageState::Gone => gone(core, region, page, fault_addr),
+        PageState::Resident(f) => match refault(core, region, page, fault_addr, f) {
+            Some(res) => res,
+            None => unpark(core, region, page, f),
+        },
+    }
+}
+
+/// Serves absent `page`: chooses the unit, takes, fills and maps its frame.
+fn serve(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    attempt: u32,
+) -> Resolution {
+    // `_guards` holds the read-ahead run's extra locks until the move is done.
+    let mut _guards = Vec::new();
+    let Some(mut u) = unit::take(core, region, page, attempt, &mut _guards) else {
+        return no_frame(core, region, page);
+    };
+    if let Err(e) = fill_unit(core, region, page, fault_addr, &mut u) {
+        core.alloc.free(u.frame);
+        return poison(core, region, page, e);
+    }
+    map_in(core, region, page, fault_addr, u, attempt)
+}
+
+/// Fills the unit's frame (zeros in the configured order, or the store's
+/// bytes, fingerprinted for dirty tracking: [`crate::dirty`]).
+fn fill_unit(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    u: &mut Unit,
+) -> Result<(), FaultError> {
+    let unit = region.page_size.bytes();
+    let addr = region.page_addr(u.first);
+    let target = fault_addr.saturating_sub(addr).min(u.count * unit - 1);
+    // SAFETY: `u.frame` was just allocated (or taken from the pre-zeroed
+    // reserve), so this worker owns it.
+    let filled = unsafe {
+        fill::fill(
+            &core.pool,
+            &mut u.frame,
+            region.store.as_ref(),
+            u.first as u64,
+            unit,
+            target,
+            core.config.experiment.fill_order,
+        )
+    };
+    match filled {
+        Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
+        Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
+        Ok(FillSource::Store) => {
+            Stats::bump(&core.stats.fills_store);
+            if let Some(fps) = &region.fps {
+                // SAFETY: this worker owns the in-flight frame.
+                let bytes = unsafe { core.pool.bytes_mut(&mut u.frame) };
+                for (i, p) in bytes.chunks(unit).enumerate() {
+                    fps.set(u.first + i, Some(crate::dirty::fingerprint(p)));
+                }
+            }
+        }
+        Err(source) => {
+            let addr = region.page_addr(page);
+            return Err(FaultError::Store { addr, source });
+        }
+    }
+    Ok(())
+}
+
+/// Records the unit's pages resident and moves its filled frame in (which
+/// wakes the faulting threads); on a refused move, undoes the record.
+fn map_in(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    u: Unit,
+    attempt: u32,
+) -> Resolution {
+    let (first, count, frame) = (u.first, u.count, u.frame);
+    let addr = region.page_addr(first);
+    let len = count * region.page_size.bytes();
+    pagemove::drop_empty_page_table(core, region, addr, len);
+    // Resident before the move: the move wakes the faulting threads, and
+    // what they do next (query the region, unmap it) must see the pages
+    // resident. No one else can look at the state in between: we hold the
+    // window's lock, and teardown takes it too.
+    let pages_per_unit = region.page_size.bytes() / PAGE_SIZE;
+    for i in 0..count {
+        region.set_state(
+            first + i,
+            PageState::Resident(frame.index() + (i * pages_per_unit) as u32),
+        );
+    }
+    if count > 1 {
+        core.stats
+            .fault_around_pages
+            .fetch_add(count as u64 - 1, std::sync::atomic::Ordering::Relaxed);
+    }
+    // The first 4 KiB move out of a PMD-mapped pool block splits the block's
+    // THP; two such moves at once can make the kernel report EEXIST for a
+    // move it did not complete (seen on 6.18), so they take the split lock.
+    let split = core.pool.split_guard(&frame);
+    // SAFETY: `frame` is in flight with this worker and the window's pages
+    // are absent under its locks; nothing references either range.
+    let moved = unsafe { pagemove::move_in(core, addr, core.pool.addr_of(&frame), len) };
+    if let Some(guard) = split {
+        if moved.is_ok() {
+            guard.mark_split();
+        }
+    }
+    match moved {
+        Ok(()) => Resolution::Moved,
+        Err(MoveError::Split { .. }) => {
+            // Part of the frame is in the region, part in its slot: the
+            // pages keep their frame (recorded resident above), and the
+            // next fault on a missing part gathers it (`refault`).
+            core.record(FaultError::Inconsistent {
+                addr,
+                what: "a move into the region was left split; the next touch gathers it",
+            });
+            wake(core, region, page);
+            Resolution::AlreadyMapped
+        }
+        Err(e) => {
+            for i in 0..count {
+                region.set_state(first + i, PageState::Absent);
+            }
+            refused(core, region, page, fault_addr, frame, e, attempt)
+        }
+    }
+}
+
+/// A move of `frame` into the unit at `page` that moved nothing: `e` says
+/// why. Frees the frame (after a retry, for a transient refusal).
+fn refused(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    frame: Frame,
+    e: MoveError,
+    attempt: u32,
+) -> Resolution {
+    let addr = region.page_addr(page);
+    match e {
+        MoveError::Occupied { .. } => {
+            // Mapped behind our back: nothing moved, the frame is still in
+            // its slot. Keep what is there, and say so.
+            core.alloc.free(frame);
+            core.record(FaultError::Inconsistent {
+                addr,
+                what: "page absent in faultline's state but mapped in the page tables",
+            });
+            wake(core, region, page);
+            Resolution::AlreadyMapped
+        }
+        MoveError::Refused(e) if attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) => {
+            // The kernel kept refusing this frame: try again with the
+            // faulting page alone and another frame before giving up; keep
+            // this frame out of the allocator until then, so the retry
+            // cannot get it back.
+            let res = resolve(core, region, page, fault_addr, attempt + 1);
+            core.alloc.free(frame);
+            res
+        }
+        e => {
+            let len = frame.bytes();
+            core.alloc.free(frame);
+            let source = e.into_sys(addr, len);
+            poison(core, region, page, FaultError::Move { addr, source })
+        }
+    }
+}
+
+/// Wakes the threads waiting on `page` (a failure, a bug since the range
+/// is registered, is recorded).
+pub(super) fn wake(core: &Core, region: &RegionInner, page: usize) {
+    core.wake(region.page_addr(page), region.page_size.bytes());
+}
+
+/// Unparks `page` for a fault: the thread refaults if nothing moved (the
+/// data stays safe in its frame, and the next attempt tries again).
+fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution {
+    match pagemove::unpark(core, region, page, f) {
+        Ok(()) => Resolution::Moved,
+        Err(e) => {
+            core.record(e);
+            wake(core, region, page);
+            Resolution::AlreadyMapped
+        }
+    }
+}
+
+/// A fault on a page faultline records as resident in frame `f`. Usually a
+/// second thread's fault on a page the first one's fault mapped, reported
+/// after the move woke it: then `None`'s opposite — wake, done. But if the
+/// faulting 4 KiB page holds no data in the page tables, the program dropped
+/// it (`MADV_DONTNEED`) or a move was left split: the page is gathered back
+/// into its frame, its holes refilled ([`pagemove::recollect`]), and mapped
+/// again. Never served afresh: other parts of it may hold data. Returns the
+/// resolution, or `None` if the page was gathered and is now parked (the
+/// caller then unparks it).
+fn refault(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    f: u32,
+) -> Option<Resolution> {
+    let at = fault_addr & !(PAGE_SIZE - 1);
+    match pagemove::is_empty(core, at, PAGE_SIZE) {
+        Ok(false) => {
+            wake(core, region, page);
+            return Some(Resolution::AlreadyMapped);
+        }
+        Ok(true) => {}
+        Err(e) => {
+            let addr = region.page_addr(page);
+            return Some(poison(
+                core,
+                region,
+                page,
+                FaultError::Move { addr, source: e },
+            ));
+        }
+    }
+    match pagemove::recollect(core, region, page, core.pool.slot_addr(f)) {
+        Ok(_) => {
+            region.set_state(page, PageState::Parked(f));
+            None
+        }
+        Err(e) => {
+            // The page stays as it is (its data on one side or the other);
+            // the faulting thread gets SIGBUS for its 4 KiB hole rather
+            // than refaulting forever.
+            core.record(e);
+            // SAFETY: `at` holds no data (checked above, under the page's
+            // lock): poisoning fills a hole of a region we manage.
+            let _ = unsafe { core.uffd.poison(at, PAGE_SIZE, false) };
+            Stats::bump(&core.stats.poisoned);
+            Some(Resolution::Poisoned)
+        }
+    }
+}
+
+/// Maps `page` of `region` now, from the calling (application) thread: the
+/// fault path without a fault, for `Region::prefetch`. Takes the page's lock
+/// like a worker; a page already there is left alone.
+pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> Resolution {
+    let (domain, key) = region.lock_key(page);
+    let _guard = core.locks.lock(domain, key);
+    match region.state(page) {
+        PageState::Absent | PageState::Parked(_) | PageState::Poisoned => {
+            resolve(core, region, page, region.page_addr(page), 0)
+        }
+        PageState::Resident(_) | PageState::Gone => Resolution::AlreadyMapped,
+    }
+}
+
+/// A fault on a page the program unmapped (part of) itself. On the part it
+/// unmapped, a fault reported before the unmap: wake (the thread retries and
+/// gets the kernel's answer, SIGSEGV). On what is left of a 2 MiB page: its
+/// frame is gone, so the 4 KiB page is poisoned (SIGBUS) with the cause.
+fn gone(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) -> Resolution {
+    let at = fault_addr & !(PAGE_SIZE - 1);
+    let live = region
+        .map
+        .live_ranges()
+        .iter()
+        .any(|&(s, e)| at >= s && at < e);
+    if !live {
+        let _ = core.uffd.wake(at, PAGE_SIZE);
+        return Resolution::Stray;
+    }
+    core.record(FaultError::Inconsistent {
+        addr: region.page_addr(page),
+        what: "the program unmapped part of this page (munmap/mremap); the rest of it is gone",
+    });
+    // SAFETY: `at` is a hole of a live part of a region we manage (its page
+    // gave up its frame when the program unmapped the rest).
+    let _ = unsafe { core.uffd.poison(at, PAGE_SIZE, false) };
+    Stats::bump(&core.stats.poisoned);
+    Resolution::Poisoned
+}
+
+pub(super) fn no_frame(core: &Core, region: &RegionInner, page: usize) -> Resolution {
+    let cause = FaultError::NoFrame {
+        addr: region.page_addr(page),
+        page_size: region.page_size.name(),
+    };
+    poison(core, region, page, cause)
+}
+
+/// Poisons `page` so its threads get SIGBUS, and records `cause`.
+pub(super) fn poison(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    cause: FaultError,
+) -> Resolution {
+    let addr = region.page_addr(page);
+    let len = region.page_size.bytes();
+    // Queue the cause first: the poisoned thread, once woken, may ask.
+    core.record(cause);
+    // SAFETY: the page is absent (under its lock): poisoning fills a hole of
+    // a region we manage; no reference into it can exist.
+    match unsafe { core.uffd.poison(addr, len, false) } {
+        Ok(Resolved::Done) => {
+            region.set_state(page, PageState::Poisoned);
+            Stats::bump(&core.stats.poisoned);
+        }
+        Ok(other) => {
+            // Partly mapped or raced: wake, and the thread refaults.
+            let _ = other;
+            wake(core, region, page);
+        }
+        Err(e) => core.record(FaultError::Poison { addr, source: e }),
+    }
+    Resolution::Poisoned
+}

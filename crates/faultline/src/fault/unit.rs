@@ -1,0 +1,160 @@
+//! Choosing what one fault maps, and taking its frame: the faulting page
+//! alone; its fault-around window (zero-filled 4 KiB regions with every page
+//! of the window absent and memory plentiful); or, for store-backed 4 KiB
+//! regions continuing a sequential stream, a read-ahead run (the window
+//! doubles while the stream lasts, up to `readahead_max`) with an
+//! asynchronous hint for the next one. A run takes one buddy frame run and
+//! one store read and is mapped with one move.
+//!
+//! Invariants: a run is a power of two of pages, all absent, starting at the
+//! faulting page (read-ahead) or at its aligned window (fault-around); the
+//! frame returned belongs to the caller (in flight). Locks: the caller holds
+//! the page's fault lock; a read-ahead run's other locks are only tried,
+//! never waited for (no lock order matters), and handed back in `guards`.
+
+use crate::config::PageSize;
+use crate::core::Core;
+use crate::frame::{Frame, FrameAllocator};
+use crate::locks::FaultGuard;
+use crate::reclaim;
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use faultline_sys::PAGE_SIZE;
+
+/// What a fault maps: `count` pages from `first`, into `frame`.
+#[derive(Debug)]
+pub(super) struct Unit {
+    pub(super) first: usize,
+    pub(super) count: usize,
+    pub(super) frame: Frame,
+}
+
+/// Chooses the unit for a fault on `page` and takes its frame (reclaiming
+/// synchronously if none is free); `None` if no frame can be had.
+/// `attempt > 0` (a retry after refused moves): the page alone.
+pub(super) fn take<'a>(
+    core: &'a Core,
+    region: &RegionInner,
+    page: usize,
+    attempt: u32,
+    guards: &mut Vec<FaultGuard<'a>>,
+) -> Option<Unit> {
+    let (first, count) = match fault_around(core, region, page, attempt) {
+        Some(w) => w,
+        None if attempt == 0 => readahead(core, region, page, guards),
+        None => (page, 1),
+    };
+    let order = region.page_size.order() + count.trailing_zeros() as u8;
+    // The fault lock this worker holds: reclaim may step pages under it.
+    let (domain, key) = region.lock_key(page);
+    let held = Some(core.locks.index(domain, key));
+    if count > 1 && !region.store.is_zero() {
+        // Read-ahead: the longest free run up to the window, from what is
+        // free now (never reclaiming for pages not asked for yet); the
+        // faulting page is the run's first. None that long: the page alone.
+        if let Some((count, frame)) = longest_free_run(core, region, order) {
+            return Some(Unit {
+                first,
+                count,
+                frame,
+            });
+        }
+        let frame = reclaim::alloc(core, region.page_size.order(), held)?;
+        return Some(Unit {
+            first: page,
+            count: 1,
+            frame,
+        });
+    }
+    // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
+    // worker has one ready.
+    let prezeroed = if order == crate::frame::HUGE_ORDER && region.store.is_zero() {
+        core.take_prezeroed()
+    } else {
+        None
+    };
+    if let Some(frame) = prezeroed.or_else(|| reclaim::alloc(core, order, held)) {
+        return Some(Unit {
+            first,
+            count,
+            frame,
+        });
+    }
+    if count == 1 {
+        return None;
+    }
+    let frame = reclaim::alloc(core, region.page_size.order(), held)?;
+    Some(Unit {
+        first: page,
+        count: 1,
+        frame,
+    })
+}
+
+/// The fault-around window `(first, count)` if it applies: a zero-filled
+/// region, a first attempt, the window wholly absent, and memory plentiful
+/// (more than a quarter of the pool free: pages mapped ahead of use must
+/// not starve pages that are asked for).
+fn fault_around(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    attempt: u32,
+) -> Option<(usize, usize)> {
+    if attempt > 0 || !region.store.is_zero() {
+        return None;
+    }
+    if core.alloc.free_hint() <= core.alloc.pages_in(0) / 4 {
+        return None;
+    }
+    let w = region.fault_around_window(page)?;
+    w.clone()
+        .all(|p| region.state(p) == PageState::Absent)
+        .then(|| (w.start, w.len()))
+}
+
+/// The read-ahead run `(page, n)` for a store-backed 4 KiB region: a fault
+/// that continues a sequential stream maps the next `window` pages (those
+/// whose locks could be taken and that are absent) from one store read;
+/// the store is told to start on the window after it. Other regions: the
+/// page alone.
+fn readahead<'a>(
+    core: &'a Core,
+    region: &RegionInner,
+    page: usize,
+    guards: &mut Vec<FaultGuard<'a>>,
+) -> (usize, usize) {
+    if region.page_size != PageSize::Base4K || region.store.is_zero() {
+        return (page, 1);
+    }
+    let window = region.readahead(page, core.config.readahead_max);
+    let (d0, k0) = region.lock_key(page);
+    let mut mine = vec![core.locks.index(d0, k0)];
+    let n = region.lock_run(&core.locks, page, window, &mut mine, guards, |p| {
+        region.state(p) == PageState::Absent
+    });
+    // A power of two: one buddy run.
+    let n = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    if n > 1 {
+        Stats::bump(&core.stats.readaheads);
+    }
+    if window > 1 {
+        // Asynchronous read-ahead: the store starts on the stream's next
+        // window while this one is read, filled and mapped.
+        let next = page + n;
+        let ahead = window.min(region.pages().saturating_sub(next));
+        if ahead > 0 {
+            region.store.will_read(next as u64, ahead, PAGE_SIZE);
+        }
+    }
+    (page, n)
+}
+
+/// The longest free frame run of at most `order` and more than one page,
+/// with its page count.
+fn longest_free_run(core: &Core, region: &RegionInner, order: u8) -> Option<(usize, Frame)> {
+    let base = region.page_size.order();
+    (base + 1..=order)
+        .rev()
+        .find_map(|k| core.alloc.alloc(k).map(|f| (1usize << (k - base), f)))
+}

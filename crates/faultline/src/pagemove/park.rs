@@ -1,0 +1,201 @@
+//! The page rules built on the move protocol ([`super::move_range`]):
+//! park a resident page into its frame's pool slot and unpark it back,
+//! gather a page whose 4 KiB parts the program dropped back into its frame
+//! ([`recollect`]: never serve such a page afresh), fill pool holes with
+//! zeroed pages without a fault ([`fill_holes`]), and drop an empty page
+//! table before a 2 MiB move ([`drop_empty_page_table`]).
+//!
+//! Invariant: no frame is freed or refilled while any of its data is
+//! elsewhere; a page is recorded parked only once its data is whole in its
+//! slot. Locks: none; callers hold the page's fault lock.
+
+use super::{backoff, move_in, move_out, move_range, Holes, MoveError};
+use crate::core::Core;
+use crate::error::FaultError;
+use crate::frame::Frame;
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use faultline_sys::uffd::Resolved;
+use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
+
+/// A zeroed, page-aligned page: the source of [`fill_holes`].
+#[repr(C, align(4096))]
+struct ZeroPage([u8; PAGE_SIZE]);
+static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
+
+/// Gives every hole in the pool slots `[addr, addr + len)` a fresh zeroed
+/// page; pages already there are left alone. A whole 2 MiB block (one
+/// frame's) is populated at once; anything smaller goes page by page with
+/// `UFFDIO_COPY` of a zero page, never by a fault: in an empty block of the
+/// `MADV_HUGEPAGE` pool a fault would populate the whole block with a THP —
+/// the slots of other frames too, while their pages are mapped in regions
+/// (a found bug: every later move of those pages back out failed with
+/// `EEXIST`).
+pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), SysError> {
+    if len % HUGE_PAGE_SIZE == 0 && addr % HUGE_PAGE_SIZE == 0 {
+        for block in (addr..addr + len).step_by(HUGE_PAGE_SIZE) {
+            core.pool.populate_block(block)?;
+        }
+        return Ok(());
+    }
+    let zero = ZERO_PAGE.0.as_ptr() as usize;
+    for page in (addr..addr + len).step_by(PAGE_SIZE) {
+        let mut round = 0;
+        loop {
+            // SAFETY: `page` is a pool slot of a frame the caller owns (in
+            // flight, or under its page's lock); UFFDIO_COPY fills it only
+            // if it is a hole. The source is a static zeroed page.
+            match unsafe { core.uffd.copy(page, zero, PAGE_SIZE, true) } {
+                Ok(Resolved::Done | Resolved::Exists { .. }) => break,
+                Ok(_) if round < 1000 => {
+                    // EAGAIN: the address space is changing (an unmap
+                    // event not yet read).
+                    core.pump_events();
+                    backoff(round);
+                    round += 1;
+                }
+                Ok(_) => {
+                    return Err(SysError {
+                        op: "UFFDIO_COPY",
+                        addr: page,
+                        len: PAGE_SIZE,
+                        errno: libc::EAGAIN,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether no page of `[addr, addr + len)` holds data (mapped, swapped or
+/// migrating).
+pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, SysError> {
+    core.pagemap.any_data(addr, addr + len).map(|any| !any)
+}
+
+/// Gathers page `page` of `r`, recorded in frame slot `slot`, back into the
+/// slot: every 4 KiB page still in the region moves to the slot; slot pages
+/// that hold nothing — the program dropped them (`MADV_DONTNEED`) after they
+/// were mapped, so the kernel freed them — are refilled with the store's
+/// bytes for that page (zeros for the zero store). Afterwards the frame is
+/// whole in its slot, as if parked. Returns how many 4 KiB pages had to be
+/// refilled. Caller holds the page's fault lock.
+pub(crate) fn recollect(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    slot: usize,
+) -> Result<usize, FaultError> {
+    let addr = r.page_addr(page);
+    let len = r.page_size.bytes();
+    let err = |source: SysError| FaultError::Move { addr, source };
+    // SAFETY: the page's lock is held (caller) and the slot belongs to its
+    // frame, which only this page owns; nothing references either.
+    unsafe { move_range(core, slot, addr, len, Holes::Allow, false) }
+        .map_err(|e| err(e.into_sys(addr, len)))?;
+    let mut has = Vec::new();
+    core.pagemap
+        .has_data(slot, len / PAGE_SIZE, &mut has)
+        .map_err(err)?;
+    let holes: Vec<usize> = (0..has.len()).filter(|&i| !has[i]).collect();
+    if holes.is_empty() {
+        return Ok(0);
+    }
+    // Fresh zeroed pages in the holes (populating touches no present page),
+    // then the store's bytes over them where the store has any.
+    fill_holes(core, slot, len).map_err(err)?;
+    if !r.store.is_zero() {
+        let mut buf = vec![0u8; len];
+        r.store
+            .read(page as u64, &mut buf)
+            .map_err(|source| FaultError::Store { addr, source })?;
+        for &i in &holes {
+            let at = i * PAGE_SIZE;
+            // SAFETY: `slot + at` is a populated page of the frame this
+            // page owns under its lock; nobody else reads or writes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    buf[at..].as_ptr(),
+                    (slot + at) as *mut u8,
+                    PAGE_SIZE,
+                );
+            }
+        }
+    }
+    core.stats
+        .refaulted_dropped
+        .fetch_add(holes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(holes.len())
+}
+
+/// Parks resident `page` of `r` (frame `f`): moves it out to its frame's
+/// slot; if the program dropped part of it, gathers what is left and refills
+/// the holes ([`recollect`]). On success the page is recorded parked; on
+/// failure it stays resident and the cause is returned. The caller holds
+/// the page's lock.
+pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
+    let slot = core.pool.slot_addr(f);
+    let addr = r.page_addr(page);
+    // SAFETY: the page is resident under its lock and its frame's slot is
+    // the hole it left; faultline holds no reference into either.
+    if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
+        recollect(core, r, page, slot)?;
+    }
+    r.set_state(page, PageState::Parked(f));
+    Ok(())
+}
+
+/// Moves parked `page` of `r` (frame `f`) back into the region: the
+/// inverse of [`park`]. On success the page is recorded resident. If
+/// nothing moved, it stays parked (its data safe in its frame) and the
+/// error is returned; if the move was left split, it is recorded resident
+/// and the next fault gathers it ([`recollect`]). The caller holds the
+/// page's lock.
+pub(crate) fn unpark(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
+    let addr = r.page_addr(page);
+    let len = r.page_size.bytes();
+    let frame = Frame::from_parts(f, r.page_size.order());
+    drop_empty_page_table(core, r, addr, len);
+    r.set_state(page, PageState::Resident(f));
+    // SAFETY: a parked page's frame is whole in its slot and the page is a
+    // hole, under the page's lock; nothing references either.
+    match unsafe { move_in(core, addr, core.pool.addr_of(&frame), len) } {
+        Ok(()) => {
+            Stats::bump(&core.stats.unparked);
+            Ok(())
+        }
+        Err(e) => {
+            if !matches!(e, MoveError::Split { .. }) {
+                r.set_state(page, PageState::Parked(f));
+            }
+            Err(FaultError::Move {
+                addr,
+                source: e.into_sys(addr, len),
+            })
+        }
+    }
+}
+
+/// Before a move of 2 MiB or more into `[addr, addr + len)`: a fault on this
+/// non-THP range allocated a page table under the PMD, and with it there MOVE
+/// would split a huge frame into 512 pages. `MADV_DONTNEED` on the (empty)
+/// range frees it (`CONFIG_PT_RECLAIM`). The caller holds the range's locks
+/// and no page of it is mapped (absent or parked).
+pub(crate) fn drop_empty_page_table(core: &Core, r: &RegionInner, addr: usize, len: usize) {
+    if len < HUGE_PAGE_SIZE {
+        return;
+    }
+    // Only over a range with no data: a page-table drop over data would
+    // discard it.
+    if !is_empty(core, addr, len).unwrap_or(false) {
+        return;
+    }
+    // SAFETY: nothing is mapped in the range (just checked, and nothing
+    // faultline does maps it while the caller holds its lock): no data and
+    // no reference can be in it.
+    if unsafe { r.map.discard(addr, len) }.is_ok() {
+        Stats::bump(&core.stats.pt_discards);
+    }
+}

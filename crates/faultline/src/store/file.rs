@@ -1,0 +1,207 @@
+//! The file store: a region backed by a byte range of a file, read with
+//! `pread`, written with `pwrite`, made durable with `fsync`; read-ahead
+//! hints go to the kernel (`posix_fadvise(WILLNEED)`). Its identity (device
+//! and inode) lets the manager refuse two writable regions over one range.
+//! No locks (the kernel orders concurrent `pread`/`pwrite` on one file).
+
+use super::{Store, StoreError};
+
+/// A region backed by `[offset, offset + region length)` of a file.
+///
+/// Page `p` of a region with page size `ps` is the file's bytes
+/// `[offset + p * ps, offset + (p + 1) * ps)`. Reads past the end of the file
+/// return zeros (a file shorter than its region reads as if zero-padded).
+/// A write there extends the file to the end of that page: `pwrite` past the
+/// end grows the file, and the gap before it, if any, reads as zeros.
+/// `flush` is `fsync`: durable when it returns. A read-only store refuses
+/// writes, so a read-only region never changes its file.
+#[derive(Debug)]
+pub struct File {
+    file: std::fs::File,
+    offset: u64,
+    writable: bool,
+    identity: u64,
+}
+
+/// How a [`File`] store is opened: `FileOptions::new().offset(o).writable(true)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileOptions {
+    /// Byte offset in the file of the region's first page. Default 0.
+    pub offset: u64,
+    /// Open read-write (write-back allowed); default read-only (map such a
+    /// store with [`crate::Manager::map_read_only`]).
+    pub writable: bool,
+}
+
+impl FileOptions {
+    /// Offset 0, read-only.
+    pub fn new() -> FileOptions {
+        FileOptions::default()
+    }
+
+    /// Sets the byte offset of the region's first page in the file.
+    pub fn offset(mut self, offset: u64) -> FileOptions {
+        self.offset = offset;
+        self
+    }
+
+    /// Opens read-write, so the region's writes go back to the file.
+    pub fn writable(mut self, writable: bool) -> FileOptions {
+        self.writable = writable;
+        self
+    }
+}
+
+impl File {
+    /// Opens `path` with `opts`.
+    ///
+    /// # Errors
+    /// The `open(2)` error (`ENOENT`, `EACCES`, ...).
+    pub fn open(path: impl AsRef<std::path::Path>, opts: FileOptions) -> std::io::Result<File> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(opts.writable)
+            .open(path)?;
+        Ok(Self::from_file(file, opts))
+    }
+
+    /// Wraps an open file (which must be readable, and writable if
+    /// `opts.writable`).
+    pub fn from_file(file: std::fs::File, opts: FileOptions) -> File {
+        let FileOptions { offset, writable } = opts;
+        use std::os::unix::fs::MetadataExt;
+        // The object's identity: device and inode, mixed into one word.
+        let identity = file
+            .metadata()
+            .map(|m| m.dev().rotate_left(32) ^ m.ino().wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .unwrap_or(0);
+        File {
+            file,
+            offset,
+            writable,
+            identity,
+        }
+    }
+
+    /// The byte offset of `page` (pages of `len` bytes) in the file. Cannot
+    /// overflow for a page of a region: `Manager::map` refuses a region
+    /// whose offset plus length overflows; saturates otherwise (a read there
+    /// gets zeros, a write an error from the kernel).
+    fn at(&self, page: u64, len: usize) -> u64 {
+        page.saturating_mul(len as u64).saturating_add(self.offset)
+    }
+
+    /// One `pread` loop into `buf` from byte `at`; zeros past the end of the
+    /// file. `page` names the first page, for errors.
+    fn read_at(&self, page: u64, at: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        use std::os::unix::fs::FileExt;
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], at + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(StoreError::Io {
+                        op: "read",
+                        page,
+                        source,
+                    })
+                }
+            }
+        }
+        // Past the end of the file: zeros.
+        crate::memops::clear_rep_stosb(&mut buf[done..]);
+        Ok(())
+    }
+}
+
+impl Store for File {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read_at(first, self.at(first, page_size), buf)
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let at = self.at(page, buf.len());
+        self.read_at(page, at, buf)
+    }
+
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        // Best effort: a hint that fails changes nothing but speed.
+        let _ = faultline_sys::host::file_willneed(
+            &self.file,
+            self.at(first, page_size),
+            pages * page_size,
+        );
+    }
+
+    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        use std::os::unix::fs::FileExt;
+        if !self.writable {
+            return Err(StoreError::Unsupported {
+                store: "read-only file",
+                op: "write",
+            });
+        }
+        self.file
+            .write_all_at(buf, self.at(page, buf.len()))
+            .map_err(|source| StoreError::Io {
+                op: "write",
+                page,
+                source,
+            })
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        if !self.writable {
+            return Ok(());
+        }
+        self.file.sync_all().map_err(|source| StoreError::Io {
+            op: "flush",
+            page: 0,
+            source,
+        })
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        Some((self.identity, self.offset))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_reads_zeros_past_the_end_and_writes_back() {
+        let dir = std::env::temp_dir().join(format!("faultline-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        std::fs::write(&path, vec![7u8; 4096 + 100]).expect("write");
+        let f = File::open(&path, FileOptions::new().writable(true)).expect("open");
+        let mut buf = vec![1u8; 4096];
+        f.read(1, &mut buf).expect("read");
+        assert!(buf[..100].iter().all(|&b| b == 7));
+        assert!(buf[100..].iter().all(|&b| b == 0), "zeros past the end");
+        f.write(2, &[9u8; 4096]).expect("write past the end");
+        f.flush().expect("fsync");
+        let bytes = std::fs::read(&path).expect("read back");
+        assert_eq!(bytes.len(), 3 * 4096, "the write extended the file");
+        assert!(bytes[4096 + 100..2 * 4096].iter().all(|&b| b == 0));
+        assert!(bytes[2 * 4096..].iter().all(|&b| b == 9));
+        let ro = File::open(&path, FileOptions::new().offset(4096)).expect("open ro");
+        assert!(ro.write(0, &buf).is_err());
+        let (id_rw, _) = f.identity().expect("id");
+        assert_eq!(ro.identity(), Some((id_rw, 4096)), "same file, same object");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,136 @@
+//! Write-back: the one place page bytes go to a region's store. A page is
+//! written only when dirty — its bytes differ from the store's copy, by
+//! fingerprint ([`crate::dirty`]) — and only from its frame while parked
+//! (out of the region, under its fault lock), so the store gets the page as
+//! it was at one instant. Reclaim writes evicted pages through [`put`];
+//! flush, close and teardown write whole regions through [`write_back`].
+//!
+//! Invariant: a page whose write fails keeps its data (in the region, or
+//! parked in its frame) and stays dirty; a later write-back retries it.
+//!
+//! Locks: each page's fault lock, one at a time (bounded with `limit` at
+//! teardown, so a worker stuck in a store call cannot hang a drop).
+
+use crate::core::Core;
+use crate::error::FaultError;
+use crate::frame::Frame;
+use crate::pagemove;
+use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
+use crate::store::StoreError;
+use faultline_sys::SysError;
+
+/// Writes every dirty page of `r` back. A resident page is written from
+/// its frame: parked first (moved out of the region, so no thread can write
+/// it during the copy: the store gets the page as it was at one instant,
+/// never a torn mix), written, and moved back in. This also reaches pages
+/// the kernel swapped out (the move takes the swap entry) and pages the
+/// program made unreadable (`mprotect`): those cannot be moved and are
+/// reported, not faulted on. A page that fails stays dirty; the others are
+/// still written, and the first error is returned. With `limit`, a page
+/// whose lock stays held longer (a worker stuck in the store) is skipped
+/// and reported.
+pub(crate) fn write_back(
+    core: &Core,
+    r: &RegionInner,
+    limit: Option<std::time::Duration>,
+) -> Result<(), StoreError> {
+    let mut first_err = None;
+    for page in 0..r.pages() {
+        if matches!(
+            r.state(page),
+            PageState::Absent | PageState::Poisoned | PageState::Gone
+        ) {
+            continue;
+        }
+        let (domain, key) = r.lock_key(page);
+        let guard = match limit {
+            None => Some(core.locks.lock(domain, key)),
+            Some(limit) => core.locks.lock_within(domain, key, limit),
+        };
+        let Some(_g) = guard else {
+            first_err.get_or_insert(StoreError::Unreadable {
+                page: page as u64,
+                source: SysError {
+                    op: "fault lock",
+                    addr: r.page_addr(page),
+                    len: r.page_size.bytes(),
+                    errno: libc::ETIMEDOUT,
+                },
+            });
+            continue;
+        };
+        let (f, resident) = match r.state(page) {
+            PageState::Absent | PageState::Poisoned | PageState::Gone => continue,
+            PageState::Resident(f) => (f, true),
+            PageState::Parked(f) => (f, false),
+        };
+        if resident {
+            if let Err(e) = pagemove::park(core, r, page, f) {
+                // Not moved out (e.g. mprotect'ed): the page stays
+                // resident and dirty.
+                first_err.get_or_insert(unparkable(r, page, e));
+                continue;
+            }
+        }
+        let mut frame = Frame::from_parts(f, r.page_size.order());
+        // SAFETY: a parked frame belongs to its page, whose lock we hold;
+        // it is whole in its slot and nobody else touches it.
+        let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+        if let Err(e) = put(core, r, page, bytes) {
+            first_err.get_or_insert(e);
+        }
+        if resident {
+            if let Err(e) = pagemove::unpark(core, r, page, f) {
+                // Its data stays safe in its frame (parked); the next touch
+                // moves it back in.
+                core.record(e);
+            }
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Writes `bytes`, the content of `page`, to the store unless they are
+/// the store's already ([`crate::dirty`]); on success the page is clean.
+/// Caller holds the page's lock and `bytes` cannot change meanwhile (a
+/// parked frame).
+pub(crate) fn put(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let stats = &core.stats;
+    let fp = crate::dirty::fingerprint(bytes);
+    if r.fps.as_ref().and_then(|f| f.get(page)) == Some(fp) {
+        Stats::bump(&stats.clean_skipped);
+        return Ok(());
+    }
+    r.store.write(page as u64, bytes)?;
+    if let Some(f) = &r.fps {
+        f.set(page, Some(fp));
+    }
+    Stats::bump(&stats.written_back);
+    Ok(())
+}
+
+/// The write-back error for `page`, which could not be taken out of the
+/// region: `park` fails with the refused move, or with the store's error
+/// while refilling a part the program dropped.
+fn unparkable(r: &RegionInner, page: usize, e: FaultError) -> StoreError {
+    let source = match e {
+        FaultError::Store { source, .. } => return source,
+        FaultError::Move { source, .. } => source,
+        _ => SysError {
+            op: "UFFDIO_MOVE",
+            addr: r.page_addr(page),
+            len: r.page_size.bytes(),
+            errno: libc::EIO,
+        },
+    };
+    StoreError::Unreadable {
+        page: page as u64,
+        source,
+    }
+}
