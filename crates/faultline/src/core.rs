@@ -18,6 +18,7 @@ use crate::copyjob::CopyJob;
 use crate::error::{FaultError, MapError};
 use crate::frame::{Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
+use crate::nesting::Nesting;
 use crate::region::RegionTable;
 use crate::stats::Stats;
 use crate::store::Store;
@@ -94,17 +95,8 @@ pub(crate) struct Core {
     /// The zeroing worker holds a frame it has not put in `reserve` yet.
     pub(crate) zeroing: AtomicBool,
     stopping: AtomicBool,
-    /// Workers inside a section that may block on a store call (see
-    /// [`Core::enter_busy`]).
-    busy: AtomicUsize,
-    /// Thread ids of the workers inside a store call: a fault *by* one of
-    /// them on a page under a lock it holds is served under that lock (see
-    /// [`Core::lock_lent_to`]). A leaf lock.
-    lent: Mutex<Vec<u32>>,
-    /// Wakes the standby worker when every worker is busy, or at shutdown.
-    pub(crate) standby_cv: parking_lot::Condvar,
-    /// The standby's condvar mutex (a leaf; guards nothing but the wait).
-    pub(crate) standby_mx: Mutex<()>,
+    /// Nested faults: lenders and the standby's trigger (`nesting.rs`).
+    pub(crate) nesting: Nesting,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
     pub(crate) trace: Mutex<Vec<usize>>,
     /// The reclaim clock's hand.
@@ -148,10 +140,7 @@ impl Core {
             reserve_cv: parking_lot::Condvar::new(),
             zeroing: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
-            busy: AtomicUsize::new(0),
-            lent: Mutex::new(Vec::new()),
-            standby_cv: parking_lot::Condvar::new(),
-            standby_mx: Mutex::new(()),
+            nesting: Nesting::new(config.workers),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),
@@ -179,39 +168,7 @@ impl Core {
     pub(crate) fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         self.reserve_cv.notify_all();
-        let _g = self.standby_mx.lock();
-        self.standby_cv.notify_all();
-    }
-
-    /// Marks the calling worker busy (about to call a store, which may block
-    /// or even fault on another region) until the guard drops; when every
-    /// worker is busy, wakes the standby worker so faults are still served.
-    pub(crate) fn enter_busy(&self) -> Busy<'_> {
-        let tid = crate::locks::this_thread();
-        self.lent.lock().push(tid);
-        // AcqRel: pairs with the Acquire load in `all_busy`.
-        let n = self.busy.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= self.config.workers {
-            let _g = self.standby_mx.lock();
-            self.standby_cv.notify_one();
-        }
-        Busy { core: self, tid }
-    }
-
-    /// Whether thread `tid` is a worker inside a store call holding fault
-    /// lock `idx` (its own page's, or one of its read-ahead run's). A fault
-    /// by that thread (its store touched a region) on a page under lock
-    /// `idx` would wait for the thread itself; the thread is stopped in that
-    /// very fault until it is served, so the server may act under the lock
-    /// the thread holds.
-    pub(crate) fn lock_lent_to(&self, tid: u32, idx: usize) -> bool {
-        tid != 0 && self.locks.owner(idx) == tid && self.lent.lock().contains(&tid)
-    }
-
-    /// Whether every worker is inside a store call. Acquire pairs with
-    /// `enter_busy` and `Busy::drop`.
-    pub(crate) fn all_busy(&self) -> bool {
-        self.busy.load(Ordering::Acquire) >= self.config.workers
+        self.nesting.wake_standby();
     }
 
     /// Gives the pre-zeroed reserve back to the allocator (at shutdown, or
@@ -342,8 +299,9 @@ impl Core {
         r.map(|n| (n, stamp))
     }
 
-    /// Marks one unmap event handled. Release pairs with the Acquire load in
-    /// [`Core::await_unmaps`]: the region's gone ranges are recorded first.
+    /// Marks one unmap event handled. AcqRel (its Release half pairs with
+    /// the Acquire load in [`Core::await_unmaps`]): the region's gone ranges
+    /// are recorded first.
     pub(crate) fn unmap_handled(&self) {
         self.unmaps_pending.fetch_sub(1, Ordering::AcqRel);
     }
@@ -365,15 +323,15 @@ impl Core {
     }
 
     /// The id the next region will get. Read just before events are read:
-    /// a region with this id or higher was mapped after the events' unmaps. Acquire pairs
-    /// with the increment in `map_shared` (AcqRel).
+    /// a region with this id or higher was mapped after the events' unmaps.
+    /// Acquire pairs with the increment in [`Core::next_region_id`] (AcqRel).
     pub(crate) fn region_stamp(&self) -> u64 {
         self.next_id.load(Ordering::Acquire)
     }
 
     /// Whether the manager is shutting down (set before the workers'
     /// shutdown eventfd is signalled). Acquire pairs with the Release store
-    /// in `Service::drop`.
+    /// in [`Core::stop`].
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }
@@ -420,25 +378,6 @@ impl Core {
                 return None;
             }
         }
-    }
-}
-
-/// A worker's busy mark ([`Core::enter_busy`]).
-#[derive(Debug)]
-pub(crate) struct Busy<'a> {
-    core: &'a Core,
-    tid: u32,
-}
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        let mut lent = self.core.lent.lock();
-        if let Some(i) = lent.iter().position(|&t| t == self.tid) {
-            lent.swap_remove(i);
-        }
-        drop(lent);
-        // Release: pairs with the Acquire load in `Core::all_busy`.
-        self.core.busy.fetch_sub(1, Ordering::Release);
     }
 }
 

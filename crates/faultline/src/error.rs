@@ -68,6 +68,13 @@ pub enum FaultError {
         /// The region's length.
         len: usize,
     },
+    /// The region was used in a child of `fork()`: it is not mapped there
+    /// (`MADV_DONTFORK`), and faultline's threads serve only the parent.
+    #[error("the region at {addr:#x} belongs to the parent process: it is not mapped in a child of fork()")]
+    Forked {
+        /// The region's address.
+        addr: usize,
+    },
     /// Reading events from the userfaultfd failed.
     #[error("reading fault events failed: {0}")]
     Events(#[source] SysError),
@@ -82,7 +89,7 @@ impl FaultError {
             | FaultError::Move { addr, .. }
             | FaultError::Poison { addr, .. }
             | FaultError::Inconsistent { addr, .. } => Some(*addr),
-            FaultError::Events(_) | FaultError::BadRange { .. } => None,
+            FaultError::Events(_) | FaultError::BadRange { .. } | FaultError::Forked { .. } => None,
         }
     }
 }

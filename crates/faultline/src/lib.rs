@@ -23,7 +23,7 @@
 //! [`Store`] trait with its stores in [`store`], [`Config`] and the errors.
 //! The modules behind it, lowest layer first (each imports only from the
 //! layers before it; `tests/layers.rs` checks this): `sync`, `memops`,
-//! `dirty` → `config` → `store` → `error` → `locks`, `stats`, `frame` →
+//! `dirty` → `config` → `store` → `frame` → `error` → `locks` → `nesting`, `stats` →
 //! `region` → `copyjob` → `core` → `pagemove` → `fill`, `writeback` →
 //! `reclaim` → `migrate` → `fault` → `api`. docs/design.md has the map.
 //! Only `faultline-sys` makes system calls.
@@ -40,6 +40,7 @@ mod frame;
 mod locks;
 mod memops;
 mod migrate;
+mod nesting;
 mod pagemove;
 mod reclaim;
 mod region;

@@ -195,6 +195,32 @@ impl FaultLocks {
         Some(FaultGuard::new(g, &self.owners[i]))
     }
 
+    /// Takes lock `index`, waiting in steps of `step`; after each step in
+    /// which it stayed held, gives up (`None`) if `give_up(owner)` says so.
+    /// Counts the acquisition and any wait.
+    pub fn lock_index_unless(
+        &self,
+        index: usize,
+        step: std::time::Duration,
+        give_up: impl Fn(u32) -> bool,
+    ) -> Option<FaultGuard<'_>> {
+        let i = index & self.mask;
+        if let Some(g) = self.locks[i].try_lock() {
+            return Some(FaultGuard::new(g, &self.owners[i]));
+        }
+        let t = Instant::now();
+        loop {
+            if let Some(mut g) = self.locks[i].try_lock_for(step) {
+                g.contentions += 1;
+                g.wait_ns += t.elapsed().as_nanos() as u64;
+                return Some(FaultGuard::new(g, &self.owners[i]));
+            }
+            if give_up(self.owner(i)) {
+                return None;
+            }
+        }
+    }
+
     /// The thread holding lock `index` right now (0: none). Exact only for
     /// a lock held by a thread that is stopped (in a fault being served).
     pub fn owner(&self, index: usize) -> u32 {

@@ -71,7 +71,7 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
         if let Some(f) = core.alloc.alloc(order) {
             return Some(f);
         }
-        if freed == 0 && core.table.regions().iter().all(|r| r.store.is_zero()) {
+        if freed == 0 && !core.table.regions().iter().any(|r| reclaimable(r)) {
             return None;
         }
     }

@@ -107,7 +107,11 @@ pub(crate) fn put(
         Stats::bump(&stats.clean_skipped);
         return Ok(());
     }
-    r.store.write(page as u64, bytes)?;
+    {
+        // The store may touch another region (`nesting.rs`).
+        let _lend = core.nesting.lend(r.id, page..page + 1);
+        r.store.write(page as u64, bytes)?;
+    }
     if let Some(f) = &r.fps {
         f.set(page, Some(fp));
     }

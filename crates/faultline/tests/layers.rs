@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "frame",
     "error",
     "locks",
+    "nesting",
     "stats",
     "region",
     "copyjob",

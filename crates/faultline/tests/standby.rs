@@ -53,9 +53,26 @@ fn pattern(i: usize) -> u8 {
     (i / PAGE * 7 + i % 251) as u8
 }
 
+/// How region B is read.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Via {
+    /// `read_at`: faults served by the workers.
+    Faults,
+    /// `prefetch` first: the application thread calls the store itself,
+    /// holding the page's lock, and its nested faults borrow it.
+    Prefetch,
+    /// `read_at` while another thread faults on a zero region under the
+    /// same (global) lock: that fault must not block the server.
+    BesideOthers,
+}
+
 /// Maps region A over a patterned file and region B whose store reads A,
 /// then reads all of B from another thread; fails if that takes over 30 s.
 fn nested(workers: usize, locks: LockMode, name: &str) {
+    nested_via(workers, locks, name, Via::Faults);
+}
+
+fn nested_via(workers: usize, locks: LockMode, name: &str, via: Via) {
     let dir = ScratchDir::new(name);
     let path = dir.path().join("a");
     let bytes: Vec<u8> = (0..PAGES * PAGE).map(pattern).collect();
@@ -74,13 +91,24 @@ fn nested(workers: usize, locks: LockMode, name: &str) {
     let b = mm
         .map_read_only(PAGES * PAGE, ViaRegion(Arc::new(a)), MapOptions::new())
         .expect("map b");
+    let other = mm
+        .map(PAGES * PAGE, faultline::store::Zero, MapOptions::new())
+        .expect("map other");
     let (tx, rx) = mpsc::channel();
     let reader = std::thread::spawn(move || {
+        if via == Via::Prefetch {
+            b.prefetch(0..PAGES * PAGE).expect("prefetch");
+        }
         let mut got = vec![0u8; PAGES * PAGE];
         let r = b.read_at(0, &mut got);
         let _ = tx.send(());
         (r, got, b)
     });
+    if via == Via::BesideOthers {
+        for off in (0..other.len()).step_by(PAGE) {
+            other.store_u64(off, off as u64).expect("other write");
+        }
+    }
     if rx.recv_timeout(Duration::from_secs(30)).is_err() {
         panic!("{name}: reading a region whose store reads another region hung ({workers} worker(s), {locks:?} locks)");
     }
@@ -90,9 +118,16 @@ fn nested(workers: usize, locks: LockMode, name: &str) {
         got == bytes,
         "{name}: the nested reads returned wrong bytes"
     );
+    let errors: Vec<String> = std::iter::from_fn(|| mm.take_error())
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{name}: nested faults are not errors: {errors:?}"
+    );
     drop(b);
     let s = mm.stats();
-    if workers == 1 {
+    if workers == 1 && via == Via::Faults {
         assert!(
             s.standby_serves > 0,
             "{name}: the standby served nothing: {s}"
@@ -113,4 +148,14 @@ fn one_worker_and_one_lock_the_nested_fault_borrows_it() {
 #[test]
 fn two_workers_and_one_lock_the_nested_fault_borrows_it() {
     nested(2, LockMode::Global, "standby-2-global");
+}
+
+#[test]
+fn prefetch_whose_store_reads_a_region_lends_its_lock() {
+    nested_via(1, LockMode::Global, "standby-prefetch", Via::Prefetch);
+}
+
+#[test]
+fn other_faults_under_a_lent_lock_do_not_block_the_server() {
+    nested_via(1, LockMode::Global, "standby-beside", Via::BesideOthers);
 }

@@ -19,7 +19,7 @@ use crate::error::{AddrError, FaultError, MapError};
 use crate::frame::{FrameAllocator, PoolId};
 use crate::region::RegionInner;
 use crate::stats::StatsSnapshot;
-use crate::store::{Guarded, Store};
+use crate::store::{Guarded, ReadOnlyView, Store};
 use faultline_sys::mem::{Advice, Mapping};
 use faultline_sys::uffd::RegisterMode;
 use faultline_sys::SysError;
@@ -100,7 +100,8 @@ impl Manager {
         store: impl Store + 'static,
         opts: MapOptions,
     ) -> Result<Region<ReadOnly>, MapError> {
-        self.map_as::<ReadOnly>(len, Arc::new(store), opts)
+        let view = ReadOnlyView(Arc::new(store));
+        self.map_as::<ReadOnly>(len, Arc::new(view), opts)
     }
 
     fn map_as<A: Access>(

@@ -320,6 +320,12 @@ impl<A: Access> Region<A> {
     /// the failed pages again.
     pub fn flush(&self) -> Result<(), StoreError> {
         let r = &self.inner;
+        if !self.service.core.in_owner() {
+            return Err(StoreError::Unsupported {
+                store: "a faultline region in a child of fork() (the parent flushes it)",
+                op: "flush",
+            });
+        }
         if !r.store.writable() {
             return Ok(());
         }
@@ -355,8 +361,12 @@ impl<A: Access> Region<A> {
         Ok(unsafe { AtomicU64::from_ptr((self.addr() + offset) as *mut u64) })
     }
 
-    /// Checks that `len` bytes from `offset` lie inside the region.
+    /// Checks that `len` bytes from `offset` lie inside the region, and
+    /// that this is the process that mapped it.
     fn check(&self, offset: usize, len: usize) -> Result<(), FaultError> {
+        if !self.service.core.in_owner() {
+            return Err(FaultError::Forked { addr: self.addr() });
+        }
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => Ok(()),
             _ => Err(self.bad_range(offset, offset.saturating_add(len))),
@@ -378,6 +388,9 @@ impl<A: Access> Region<A> {
         range: &Range<usize>,
         plan: CopyPlan,
     ) -> Result<(Range<usize>, CopyPlan), MigrateError> {
+        if !self.service.core.in_owner() {
+            return Err(MigrateError::Forked { addr: self.addr() });
+        }
         if range.start > range.end || range.end > self.len() {
             return Err(MigrateError::OutOfRange {
                 start: range.start,
@@ -430,10 +443,19 @@ impl Region<ReadWrite> {
 
     /// The region as atomic 8-byte words, shared by any number of threads:
     /// the safe way to read and write region memory in place.
+    ///
+    /// # Panics
+    /// In a child of `fork()`: the region is not mapped there
+    /// (`MADV_DONTFORK`).
     pub fn atomics(&self) -> &[AtomicU64] {
+        assert!(
+            self.service.core.in_owner(),
+            "faultline region used in a child of fork(): it is not mapped there"
+        );
         // SAFETY: the mapping is page aligned and `len` a multiple of 4 KiB,
-        // valid while `self` lives; atomics may alias memory other threads
-        // (and the kernel's page moves) change.
+        // valid while `self` lives (and mapped: this is its process);
+        // atomics may alias memory other threads (and the kernel's page
+        // moves) change.
         unsafe { std::slice::from_raw_parts(self.as_ptr().cast::<AtomicU64>(), self.len() / 8) }
     }
 

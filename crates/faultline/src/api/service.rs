@@ -90,11 +90,16 @@ impl Service {
     /// Joins the threads that finish within [`SHUTDOWN_WAIT`]; the others
     /// are detached with an error logged. Returns whether all joined.
     fn join_bounded(&mut self) -> bool {
+        // The last handle may drop on one of these threads (a store that
+        // holds a region, dropped by a worker): it cannot join itself.
+        let me = std::thread::current().id();
+        let n = self.threads.len();
+        self.threads.retain(|w| w.thread().id() != me);
+        let mut all = self.threads.len() == n;
         let deadline = Instant::now() + SHUTDOWN_WAIT;
         while self.threads.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut all = true;
         for w in self.threads.drain(..) {
             if w.is_finished() {
                 let _ = w.join();

@@ -221,6 +221,9 @@ impl Config {
     /// # Errors
     /// The first [`ConfigError`] found, naming the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.workers == 0 {
+            return Err(ConfigError::NoWorkers);
+        }
         self.validate_budget()?;
         self.validate_ranges()?;
         self.validate_nodes()?;
@@ -270,9 +273,6 @@ impl Config {
 
     /// Every other field's range.
     fn validate_ranges(&self) -> Result<(), ConfigError> {
-        if self.workers == 0 {
-            return Err(ConfigError::NoWorkers);
-        }
         let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
         let checks = [
             ("workers", self.workers, self.workers <= 1024, "1..=1024"),

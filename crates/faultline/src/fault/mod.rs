@@ -47,4 +47,8 @@ pub(crate) enum Resolution {
     Poisoned,
     /// No region holds the address.
     Stray,
+    /// Not served now: the page's lock is held by a thread stopped in a
+    /// store call; the event went back on the deferred queue (or, for a
+    /// nested fault that could not be served, the thread was woken to retry).
+    Retry,
 }

@@ -24,22 +24,46 @@ use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
 use faultline_sys::PAGE_SIZE;
 
-/// Resolves a fault on `page` of `region`. Caller holds the page's lock.
-/// `attempt` > 0 after a move that kept failing with `EAGAIN`/`EBUSY`: then
-/// without fault-around and with another frame.
-pub(super) fn resolve(
-    core: &Core,
-    region: &RegionInner,
-    page: usize,
-    fault_addr: usize,
-    attempt: u32,
-) -> Resolution {
+/// How one fault is being served.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fault {
+    /// The faulting address.
+    pub(crate) addr: usize,
+    /// Positive after a move that kept failing with `EAGAIN`/`EBUSY`, and
+    /// for a lent serve: the page alone (no fault-around, no read-ahead),
+    /// another frame.
+    pub(crate) attempt: u32,
+    /// Served under the lock of the stopped thread that faulted
+    /// (`nesting.rs`): this server holds no lock, so reclaim must not step
+    /// pages as if it did.
+    pub(crate) lent: bool,
+    /// The faulting thread is inside a store call (a faultline thread):
+    /// never poisoned — a SIGBUS there would kill the process — but woken to
+    /// retry, with the cause queued.
+    pub(crate) nested: bool,
+}
+
+impl Fault {
+    /// A fault at `addr` from an application thread.
+    pub(crate) fn at(addr: usize) -> Fault {
+        Fault {
+            addr,
+            attempt: 0,
+            lent: false,
+            nested: false,
+        }
+    }
+}
+
+/// Resolves a fault on `page` of `region`. Caller holds the page's lock
+/// (or, for a lent serve, the stopped faulting thread does).
+pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
     if region.dying() {
         wake(core, region, page);
         return Resolution::Dying;
     }
     match region.state(page) {
-        PageState::Absent => serve(core, region, page, fault_addr, attempt),
+        PageState::Absent => serve(core, region, page, how),
         PageState::Poisoned => {
             // A fault on a poisoned page: the program dropped the poison
             // marker (MADV_DONTNEED: waking would loop forever), or a thread
@@ -50,15 +74,15 @@ pub(super) fn resolve(
             // SAFETY: a poisoned page holds no data, only the kernel's
             // poison marker, and nothing references it.
             if let Err(source) = unsafe { region.map.discard(addr, region.page_size.bytes()) } {
-                return poison(core, region, page, FaultError::Move { addr, source });
+                return poison(core, region, page, FaultError::Move { addr, source }, how);
             }
             region.set_state(page, PageState::Absent);
             Stats::bump(&core.stats.poison_retries);
-            serve(core, region, page, fault_addr, attempt)
+            serve(core, region, page, how)
         }
         PageState::Parked(f) => unpark(core, region, page, f),
-        PageState::Gone => gone(core, region, page, fault_addr),
-        PageState::Resident(f) => match refault(core, region, page, fault_addr, f) {
+        PageState::Gone => gone(core, region, page, how),
+        PageState::Resident(f) => match refault(core, region, page, how, f) {
             Some(res) => res,
             None => unpark(core, region, page, f),
         },
@@ -66,23 +90,17 @@ pub(super) fn resolve(
 }
 
 /// Serves absent `page`: chooses the unit, takes, fills and maps its frame.
-fn serve(
-    core: &Core,
-    region: &RegionInner,
-    page: usize,
-    fault_addr: usize,
-    attempt: u32,
-) -> Resolution {
+fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
     // `_guards` holds the read-ahead run's extra locks until the move is done.
     let mut _guards = Vec::new();
-    let Some(mut u) = unit::take(core, region, page, attempt, &mut _guards) else {
-        return no_frame(core, region, page);
+    let Some(mut u) = unit::take(core, region, page, how, &mut _guards) else {
+        return no_frame(core, region, page, how);
     };
-    if let Err(e) = fill_unit(core, region, page, fault_addr, &mut u) {
+    if let Err(e) = fill_unit(core, region, page, how.addr, &mut u) {
         core.alloc.free(u.frame);
-        return poison(core, region, page, e);
+        return poison(core, region, page, e, how);
     }
-    map_in(core, region, page, fault_addr, u, attempt)
+    map_in(core, region, page, u, how)
 }
 
 /// Fills the unit's frame (zeros in the configured order, or the store's
@@ -97,6 +115,10 @@ fn fill_unit(
     let unit = region.page_size.bytes();
     let addr = region.page_addr(u.first);
     let target = fault_addr.saturating_sub(addr).min(u.count * unit - 1);
+    // The store may touch another region: this thread lends its locks to
+    // that nested fault (`nesting.rs`), except for the unit's own pages.
+    let _lend =
+        (!region.store.is_zero()).then(|| core.nesting.lend(region.id, u.first..u.first + u.count));
     // SAFETY: `u.frame` was just allocated (or taken from the pre-zeroed
     // reserve), so this worker owns it.
     let filled = unsafe {
@@ -133,14 +155,7 @@ fn fill_unit(
 
 /// Records the unit's pages resident and moves its filled frame in (which
 /// wakes the faulting threads); on a refused move, undoes the record.
-fn map_in(
-    core: &Core,
-    region: &RegionInner,
-    page: usize,
-    fault_addr: usize,
-    u: Unit,
-    attempt: u32,
-) -> Resolution {
+fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) -> Resolution {
     let (first, count, frame) = (u.first, u.count, u.frame);
     let addr = region.page_addr(first);
     let len = count * region.page_size.bytes();
@@ -190,7 +205,7 @@ fn map_in(
             for i in 0..count {
                 region.set_state(first + i, PageState::Absent);
             }
-            refused(core, region, page, fault_addr, frame, e, attempt)
+            refused(core, region, page, frame, e, how)
         }
     }
 }
@@ -201,10 +216,9 @@ fn refused(
     core: &Core,
     region: &RegionInner,
     page: usize,
-    fault_addr: usize,
     frame: Frame,
     e: MoveError,
-    attempt: u32,
+    how: &Fault,
 ) -> Resolution {
     let addr = region.page_addr(page);
     match e {
@@ -219,12 +233,18 @@ fn refused(
             wake(core, region, page);
             Resolution::AlreadyMapped
         }
-        MoveError::Refused(e) if attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) => {
+        MoveError::Refused(e)
+            if how.attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) =>
+        {
             // The kernel kept refusing this frame: try again with the
             // faulting page alone and another frame before giving up; keep
             // this frame out of the allocator until then, so the retry
             // cannot get it back.
-            let res = resolve(core, region, page, fault_addr, attempt + 1);
+            let retry = Fault {
+                attempt: how.attempt + 1,
+                ..*how
+            };
+            let res = resolve(core, region, page, &retry);
             core.alloc.free(frame);
             res
         }
@@ -232,7 +252,7 @@ fn refused(
             let len = frame.bytes();
             core.alloc.free(frame);
             let source = e.into_sys(addr, len);
-            poison(core, region, page, FaultError::Move { addr, source })
+            poison(core, region, page, FaultError::Move { addr, source }, how)
         }
     }
 }
@@ -269,10 +289,10 @@ fn refault(
     core: &Core,
     region: &RegionInner,
     page: usize,
-    fault_addr: usize,
+    how: &Fault,
     f: u32,
 ) -> Option<Resolution> {
-    let at = fault_addr & !(PAGE_SIZE - 1);
+    let at = how.addr & !(PAGE_SIZE - 1);
     match pagemove::is_empty(core, at, PAGE_SIZE) {
         Ok(false) => {
             wake(core, region, page);
@@ -281,12 +301,8 @@ fn refault(
         Ok(true) => {}
         Err(e) => {
             let addr = region.page_addr(page);
-            return Some(poison(
-                core,
-                region,
-                page,
-                FaultError::Move { addr, source: e },
-            ));
+            let cause = FaultError::Move { addr, source: e };
+            return Some(poison(core, region, page, cause, how));
         }
     }
     match pagemove::recollect(core, region, page, core.pool.slot_addr(f)) {
@@ -298,12 +314,7 @@ fn refault(
             // The page stays as it is (its data on one side or the other);
             // the faulting thread gets SIGBUS for its 4 KiB hole rather
             // than refaulting forever.
-            core.record(e);
-            // SAFETY: `at` holds no data (checked above, under the page's
-            // lock): poisoning fills a hole of a region we manage.
-            let _ = unsafe { core.uffd.poison(at, PAGE_SIZE, false) };
-            Stats::bump(&core.stats.poisoned);
-            Some(Resolution::Poisoned)
+            Some(poison_hole(core, region, page, at, e, how))
         }
     }
 }
@@ -316,7 +327,7 @@ pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> R
     let _guard = core.locks.lock(domain, key);
     match region.state(page) {
         PageState::Absent | PageState::Parked(_) | PageState::Poisoned => {
-            resolve(core, region, page, region.page_addr(page), 0)
+            resolve(core, region, page, &Fault::at(region.page_addr(page)))
         }
         PageState::Resident(_) | PageState::Gone => Resolution::AlreadyMapped,
     }
@@ -326,8 +337,8 @@ pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> R
 /// unmapped, a fault reported before the unmap: wake (the thread retries and
 /// gets the kernel's answer, SIGSEGV). On what is left of a 2 MiB page: its
 /// frame is gone, so the 4 KiB page is poisoned (SIGBUS) with the cause.
-fn gone(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) -> Resolution {
-    let at = fault_addr & !(PAGE_SIZE - 1);
+fn gone(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
+    let at = how.addr & !(PAGE_SIZE - 1);
     let live = region
         .map
         .live_ranges()
@@ -337,32 +348,68 @@ fn gone(core: &Core, region: &RegionInner, page: usize, fault_addr: usize) -> Re
         let _ = core.uffd.wake(at, PAGE_SIZE);
         return Resolution::Stray;
     }
-    core.record(FaultError::Inconsistent {
+    let cause = FaultError::Inconsistent {
         addr: region.page_addr(page),
         what: "the program unmapped part of this page (munmap/mremap); the rest of it is gone",
-    });
-    // SAFETY: `at` is a hole of a live part of a region we manage (its page
-    // gave up its frame when the program unmapped the rest).
+    };
+    // `at` is a hole of a live part of a region we manage (its page gave up
+    // its frame when the program unmapped the rest).
+    poison_hole(core, region, page, at, cause, how)
+}
+
+fn no_frame(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
+    let cause = FaultError::NoFrame {
+        addr: region.page_addr(page),
+        page_size: region.page_size.name(),
+    };
+    poison(core, region, page, cause, how)
+}
+
+/// A nested fault (by a thread inside a store call) that cannot be served:
+/// a SIGBUS in that thread would kill the process, so the cause is queued
+/// and the thread woken after a pause to fault again (the frame shortage
+/// or store error may pass; the page stays as it was).
+fn retry_later(core: &Core, region: &RegionInner, page: usize, cause: FaultError) -> Resolution {
+    core.record(cause);
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    wake(core, region, page);
+    Resolution::Retry
+}
+
+/// Poisons the 4 KiB hole `at` of `page` (the faulting thread gets SIGBUS)
+/// and records `cause`; a nested fault is retried instead. The caller has
+/// checked `at` holds no data.
+fn poison_hole(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    at: usize,
+    cause: FaultError,
+    how: &Fault,
+) -> Resolution {
+    if how.nested {
+        return retry_later(core, region, page, cause);
+    }
+    core.record(cause);
+    // SAFETY: `at` holds no data (the caller's check, under the page's
+    // lock): poisoning fills a hole of a region we manage.
     let _ = unsafe { core.uffd.poison(at, PAGE_SIZE, false) };
     Stats::bump(&core.stats.poisoned);
     Resolution::Poisoned
 }
 
-pub(super) fn no_frame(core: &Core, region: &RegionInner, page: usize) -> Resolution {
-    let cause = FaultError::NoFrame {
-        addr: region.page_addr(page),
-        page_size: region.page_size.name(),
-    };
-    poison(core, region, page, cause)
-}
-
-/// Poisons `page` so its threads get SIGBUS, and records `cause`.
-pub(super) fn poison(
+/// Poisons `page` so its threads get SIGBUS, and records `cause`; a nested
+/// fault is retried instead ([`retry_later`]).
+fn poison(
     core: &Core,
     region: &RegionInner,
     page: usize,
     cause: FaultError,
+    how: &Fault,
 ) -> Resolution {
+    if how.nested {
+        return retry_later(core, region, page, cause);
+    }
     let addr = region.page_addr(page);
     let len = region.page_size.bytes();
     // Queue the cause first: the poisoned thread, once woken, may ask.

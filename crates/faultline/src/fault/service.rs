@@ -11,11 +11,12 @@
 //! and sleep again. Locks: the deferred queue's mutex (leaf), then the
 //! page's fault lock while resolving.
 
-use super::resolve::resolve;
+use super::resolve::{resolve, Fault};
 use super::Resolution;
 use crate::config::PageSize;
 use crate::core::{Core, Queued};
 use crate::error::FaultError;
+use crate::locks::FaultGuard;
 use crate::stats::Stats;
 use faultline_sys::uffd::{Event, Ready, Waiter};
 use faultline_sys::{host, PAGE_SIZE};
@@ -122,20 +123,17 @@ pub(crate) fn handle(
         }
         Event::Other(_) => return Resolution::Stray,
     };
-    if tid != 0 && core.worker_tids.lock().contains(&tid) {
-        // A worker touched region memory: a bug (or a store that reads a
-        // managed region), and a deadlock in the making. Say so loudly.
+    // A fault by a thread inside a store call made under a fault lock: its
+    // store touched a region (`nesting.rs`).
+    let nested = core.nesting.is_lending(tid);
+    if !nested && tid != 0 && core.worker_tids.lock().contains(&tid) {
+        // A worker touched region memory outside a store call: a bug.
         core.record(FaultError::Inconsistent {
             addr,
             what: "a fault worker faulted on a managed region",
         });
     }
-    if core.config.experiment.trace_faults > 0 {
-        let mut t = core.trace.lock();
-        if t.len() < core.config.experiment.trace_faults {
-            t.push(addr);
-        }
-    }
+    trace(core, addr);
     let t0 = Instant::now();
     let Some(region) = core.table.lookup(addr) else {
         Stats::bump(&core.stats.stray);
@@ -153,28 +151,83 @@ pub(crate) fn handle(
     if !region.store.is_zero() || core.locks.is_locked(domain, key) {
         defer(core, rest);
     }
+    let idx = core.locks.index(domain, key);
+    let lent = nested && core.nesting.lent_to(&core.locks, tid, idx, region.id, page);
+    let how = Fault {
+        addr,
+        attempt: u32::from(lent),
+        lent,
+        nested,
+    };
     let res = {
-        let idx = core.locks.index(domain, key);
         // A store call may block (or fault on another region): while every
-        // worker is in one, the standby serves faults.
-        let _busy = (!region.store.is_zero()).then(|| core.enter_busy());
-        // A worker's own nested fault under the lock it holds is served
-        // under that lock (the worker is stopped until then).
-        let _guard = (!core.lock_lent_to(tid, idx)).then(|| core.locks.lock(domain, key));
-        resolve(core, &region, page, addr, 0)
+        // worker is in one, the standby serves faults. (Not the standby
+        // itself: it serves until a worker finishes.)
+        let _busy = (worker < core.config.workers && !region.store.is_zero())
+            .then(|| core.nesting.enter_busy());
+        let guard = if lent {
+            None
+        } else {
+            match lock_unless_lent(core, idx) {
+                Some(g) => Some(g),
+                None => return requeue(core, (ev, stamp)),
+            }
+        };
+        let res = resolve(core, &region, page, &how);
+        drop(guard);
+        res
     };
     match res {
         Resolution::Moved => Stats::bump(&core.stats.moves),
         Resolution::AlreadyMapped | Resolution::Dying => Stats::bump(&core.stats.already_mapped),
-        Resolution::Poisoned | Resolution::Stray => {}
+        Resolution::Poisoned | Resolution::Stray | Resolution::Retry => {}
     }
     core.stats
         .record_service(worker, t0.elapsed().as_nanos() as u64);
     res
 }
 
+/// Records the fault address, when tracing (`Experiment::trace_faults`).
+fn trace(core: &Core, addr: usize) {
+    let max = core.config.experiment.trace_faults;
+    if max > 0 {
+        let mut t = core.trace.lock();
+        if t.len() < max {
+            t.push(addr);
+        }
+    }
+}
+
+/// Takes fault lock `idx`, unless its holder is a thread stopped inside a
+/// store call (a lender): waiting for it could wait for the very fault
+/// this server would serve next. Checked every 10 ms of waiting.
+fn lock_unless_lent(core: &Core, idx: usize) -> Option<FaultGuard<'_>> {
+    core.locks
+        .lock_index_unless(idx, Duration::from_millis(10), |owner| {
+            core.nesting.is_lending(owner)
+        })
+}
+
+/// Puts an event whose lock a lender holds back at the end of the deferred
+/// queue, after the events pending on the userfaultfd (the lender's own
+/// nested fault among them), and serves on.
+fn requeue(core: &Core, ev: Queued) -> Resolution {
+    core.pump_events();
+    core.deferred.lock().push_back(ev);
+    Stats::bump(&core.stats.deferrals);
+    if let Err(e) = core.deferred_fd.signal() {
+        core.record(FaultError::Events(e));
+    }
+    Resolution::Retry
+}
+
+/// How long every worker must stay inside store calls, none finishing,
+/// before the standby serves.
+const STUCK: Duration = Duration::from_millis(5);
+
 /// The standby worker: sleeps until every worker is inside a store call
-/// ([`Core::all_busy`]), then serves events until one returns. With one
+/// and none finishes one for [`STUCK`], then serves events until one does
+/// (`nesting.rs`). With one
 /// worker and a store whose read touches another faultline region, the
 /// worker's own fault would otherwise wait for the worker: a deadlock. One
 /// level of such nesting is served; a store called by the standby that
@@ -186,16 +239,17 @@ pub(crate) fn run_standby(core: Arc<Core>, worker: usize, waiter: Waiter) {
     let mut read = Vec::with_capacity(batch);
     let mut events: VecDeque<Queued> = VecDeque::with_capacity(batch);
     loop {
-        {
-            let mut g = core.standby_mx.lock();
-            while !core.is_stopping() && !core.all_busy() {
-                core.standby_cv.wait(&mut g);
-            }
-        }
+        core.nesting.await_all_busy(|| core.is_stopping());
         if core.is_stopping() {
             return;
         }
-        while core.all_busy() && !core.is_stopping() {
+        if !core.nesting.all_stuck(STUCK) {
+            continue;
+        }
+        // Serve until a worker finishes its store call (it was stuck on a
+        // fault this loop serves, or its store came back).
+        let seen = core.nesting.busy_exits();
+        while core.nesting.still_stuck(seen) && !core.is_stopping() {
             let deferred = core.deferred.lock().pop_front();
             if let Some(ev) = deferred {
                 Stats::bump(&core.stats.standby_serves);

@@ -12,6 +12,7 @@
 //! the page's fault lock; a read-ahead run's other locks are only tried,
 //! never waited for (no lock order matters), and handed back in `guards`.
 
+use super::resolve::Fault;
 use crate::config::PageSize;
 use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator};
@@ -31,23 +32,27 @@ pub(super) struct Unit {
 
 /// Chooses the unit for a fault on `page` and takes its frame (reclaiming
 /// synchronously if none is free); `None` if no frame can be had.
-/// `attempt > 0` (a retry after refused moves): the page alone.
+/// `how.attempt > 0` (a retry after refused moves, a lent serve): the page
+/// alone.
 pub(super) fn take<'a>(
     core: &'a Core,
     region: &RegionInner,
     page: usize,
-    attempt: u32,
+    how: &Fault,
     guards: &mut Vec<FaultGuard<'a>>,
 ) -> Option<Unit> {
+    let attempt = how.attempt;
     let (first, count) = match fault_around(core, region, page, attempt) {
         Some(w) => w,
         None if attempt == 0 => readahead(core, region, page, guards),
         None => (page, 1),
     };
     let order = region.page_size.order() + count.trailing_zeros() as u8;
-    // The fault lock this worker holds: reclaim may step pages under it.
+    // The fault lock this worker holds: reclaim may step pages under it
+    // (none in a lent serve: the stopped lender holds it, in the middle of
+    // its own work on them).
     let (domain, key) = region.lock_key(page);
-    let held = Some(core.locks.index(domain, key));
+    let held = (!how.lent).then(|| core.locks.index(domain, key));
     if count > 1 && !region.store.is_zero() {
         // Read-ahead: the longest free run up to the window, from what is
         // free now (never reclaiming for pages not asked for yet); the

@@ -81,6 +81,12 @@ pub enum MigrateError {
         /// End offset.
         end: usize,
     },
+    /// The region was used in a child of `fork()`, where it is not mapped.
+    #[error("the region at {addr:#x} belongs to the parent process (a child of fork())")]
+    Forked {
+        /// The region's address.
+        addr: usize,
+    },
     /// Collapse needs a 4 KiB-page region and whole 2 MiB blocks.
     #[error("cannot collapse at {addr:#x}: {what}")]
     NotCollapsible {

@@ -108,6 +108,8 @@ pub(crate) fn recollect(
     fill_holes(core, slot, len).map_err(err)?;
     if !r.store.is_zero() {
         let mut buf = vec![0u8; len];
+        // The store may touch another region (`nesting.rs`).
+        let _lend = core.nesting.lend(r.id, page..page + 1);
         r.store
             .read(page as u64, &mut buf)
             .map_err(|source| FaultError::Store { addr, source })?;

@@ -142,6 +142,54 @@ pub trait Store: Send + Sync + Debug {
     }
 }
 
+/// A store seen read-only (a region from [`crate::Manager::map_read_only`]):
+/// `writable()` is false whatever the store says, writes are refused, so
+/// no fingerprints are kept, nothing is written back, and two read-only
+/// regions may share one object range.
+#[derive(Debug)]
+pub(crate) struct ReadOnlyView(pub(crate) std::sync::Arc<dyn Store>);
+
+impl Store for ReadOnlyView {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn is_zero(&self) -> bool {
+        self.0.is_zero()
+    }
+
+    fn writable(&self) -> bool {
+        false
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read(page, buf)
+    }
+
+    fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.0.read_pages(first, page_size, buf)
+    }
+
+    fn write(&self, _page: u64, _buf: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError::Unsupported {
+            store: self.0.name(),
+            op: "write (the region is read-only)",
+        })
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        self.0.will_read(first, pages, page_size);
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        self.0.identity()
+    }
+}
+
 /// Every store a region uses is wrapped in this: each call runs under
 /// `catch_unwind`, so a store that panics gives an error for that page
 /// ([`StoreError::Panicked`]) instead of killing the fault worker (whose
