@@ -50,8 +50,8 @@ enum Which {
     ClearOrder(bench::BenchOpts),
     /// Region lookup cost and hit rate per cache scheme on build, database and replayed traces.
     Lookup(bench::BenchOpts),
-    /// A file 4x the memory limit, random and sequential reads and writes: faultline vs kernel mmap.
-    OutOfCore(bench::BenchOpts),
+    /// A file 4x the memory limit (or --data-mib), random and sequential reads and writes: faultline vs kernel mmap (unhinted and hinted) and the device's O_DIRECT limit.
+    OutOfCore(bench::out_of_core::OocOpts),
     /// Migration between pools: 1 x 4 KiB, 512 x 4 KiB, 1 x 2 MiB; 1..N threads; per-page vs chunked copy; memcpy reference.
     Migrate(bench::BenchOpts),
 }
@@ -75,7 +75,7 @@ fn main() -> anyhow::Result<()> {
                 Which::ParallelFault(o) => (bench::parallel_fault::run(&o)?, o.json),
                 Which::ClearOrder(o) => (bench::clear_order::run(&o)?, o.json),
                 Which::Lookup(o) => (bench::lookup::run(&o)?, o.json),
-                Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.json),
+                Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.common.json),
                 Which::Migrate(o) => (bench::migrate::run(&o)?, o.json),
             };
             report.print(json)

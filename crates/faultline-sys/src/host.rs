@@ -1,6 +1,7 @@
 //! Facts about the machine: physical memory, the transparent huge page mode,
-//! the CPU the calling thread runs on, and a cycle counter. Read-only, no
-//! locks, no state.
+//! the CPU the calling thread runs on, and a cycle counter; plus the few
+//! file calls the benchmarks' baselines need (read-ahead, `O_DIRECT`).
+//! Read-only, no locks, no state.
 
 /// Transparent huge page mode, from `/sys/kernel/mm/transparent_hugepage/enabled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +186,18 @@ pub fn file_willneed(file: &std::fs::File, offset: u64, len: usize) -> Result<()
         });
     }
     Ok(())
+}
+
+/// Opens `path` read-only with `O_DIRECT`: reads bypass the page cache and
+/// go to the device (buffers, offsets and lengths must be aligned to the
+/// logical block size; 4096 always is). A file system without `O_DIRECT`
+/// (tmpfs) fails here or at the first read with `EINVAL`.
+pub fn open_direct(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
 }
 
 /// Minor page faults the calling thread has taken (`getrusage`).

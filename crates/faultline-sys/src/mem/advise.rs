@@ -24,6 +24,12 @@ pub enum Advice {
     /// `MADV_COLLAPSE`: back the (populated) range by transparent huge pages
     /// now, copying its pages into a new huge page; content is unchanged.
     Collapse,
+    /// `MADV_RANDOM`: expect random access, so read no pages ahead of a
+    /// fault (file mappings; the hint a user gives for random patterns).
+    Random,
+    /// `MADV_SEQUENTIAL`: expect sequential access, so read ahead
+    /// aggressively and free pages soon after they are used.
+    Sequential,
 }
 
 impl Advice {
@@ -34,6 +40,8 @@ impl Advice {
             Advice::DontFork => libc::MADV_DONTFORK,
             Advice::PopulateWrite => 23, // MADV_POPULATE_WRITE, Linux 5.14
             Advice::Collapse => 25,      // MADV_COLLAPSE, Linux 6.1
+            Advice::Random => libc::MADV_RANDOM,
+            Advice::Sequential => libc::MADV_SEQUENTIAL,
         }
     }
 
@@ -44,6 +52,8 @@ impl Advice {
             Advice::DontFork => "madvise(MADV_DONTFORK)",
             Advice::PopulateWrite => "madvise(MADV_POPULATE_WRITE)",
             Advice::Collapse => "madvise(MADV_COLLAPSE)",
+            Advice::Random => "madvise(MADV_RANDOM)",
+            Advice::Sequential => "madvise(MADV_SEQUENTIAL)",
         }
     }
 }
@@ -156,6 +166,31 @@ impl Mapping {
 mod tests {
     use super::*;
     use crate::HUGE_PAGE_SIZE;
+
+    #[test]
+    fn access_pattern_hints_on_a_file_mapping() {
+        let path =
+            std::env::temp_dir().join(format!("faultline-sys-advise-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("create");
+        f.set_len(4 * PAGE_SIZE as u64).expect("set_len");
+        let m = Mapping::shared_file(&f, 4 * PAGE_SIZE).expect("mmap");
+        let _ = std::fs::remove_file(&path);
+        for a in [Advice::Random, Advice::Sequential] {
+            m.advise(m.addr(), m.len(), a).expect("madvise");
+        }
+        assert_eq!(
+            m.advise(m.addr(), m.len() + PAGE_SIZE, Advice::Random)
+                .map_err(|e| e.op),
+            Err("madvise(MADV_RANDOM)"),
+            "a range past the mapping is refused"
+        );
+    }
 
     #[test]
     fn bind_to_an_online_node() {

@@ -1,0 +1,401 @@
+//! `faultline bench out-of-core`: a dataset file several times the memory
+//! limit, random and sequential 4 KiB reads and writes from 2 threads,
+//! faultline (a 4 KiB region over the file, budget = limit x 4/5) against
+//! the kernel's own `mmap` of the same file, twice: with no hint, and with
+//! the hint a user who knows the pattern gives (`MADV_RANDOM` for the random
+//! patterns, `MADV_SEQUENTIAL` for the sequential ones) — each run in a
+//! child process inside a memory cgroup (v1) with the same limit, page cache
+//! dropped before every run. `vs_kernel` is against the unhinted kernel
+//! row, `vs_kernel_best` against the faster kernel row of the same pattern.
+//! The device's own limit (`O_DIRECT` reads of the file, see `device`) is
+//! measured in the same run.
+//!
+//! The child (`faultline ooc-child`, hidden; `child`) waits for the parent to move it
+//! into the cgroup, runs the pattern, and prints one JSON line: ops/s and its
+//! peak RSS (`VmHWM`). An op touches 8 bytes of one 4 KiB page: reads sum
+//! them, writes store a value. Sequential patterns walk the file from each
+//! thread's own start; random ones pick uniformly over the whole file. A run
+//! stops after its ops or a time cap, whichever comes first.
+
+mod child;
+mod device;
+
+pub use child::{child, ChildArgs};
+
+use super::{progress, BenchOpts};
+use crate::report::Report;
+use anyhow::{bail, Context};
+use child::SMALL_ZONE_PCT;
+use device::DeviceRow;
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A memory cgroup (v1) with a limit, removed on drop.
+struct Cgroup {
+    dir: PathBuf,
+}
+
+impl Cgroup {
+    fn new(limit: usize) -> anyhow::Result<Cgroup> {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/cgroup/memory/faultline-bench-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| {
+            format!(
+                "creating {} (cgroup v1 memory controller, root)",
+                dir.display()
+            )
+        })?;
+        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())?;
+        Ok(Cgroup { dir })
+    }
+
+    fn add(&self, pid: u32) -> anyhow::Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())?;
+        Ok(())
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn drop_caches() -> anyhow::Result<()> {
+    faultline_sys::host::sync_all();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache (root)")
+}
+
+fn make_dataset(path: &Path, len: usize) -> anyhow::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let chunk: Vec<u8> = (0..1 << 20)
+        .map(|i: usize| (i as u8).wrapping_mul(7))
+        .collect();
+    for _ in 0..len >> 20 {
+        f.write_all(&chunk)?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// Options of `bench out-of-core`: the common ones and the sizes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OocOpts {
+    #[command(flatten)]
+    pub common: BenchOpts,
+    /// Dataset file size in MiB (default: 4x the memory limit, or 5x the
+    /// budget when --budget-mib is given).
+    #[arg(long)]
+    pub data_mib: Option<usize>,
+    /// faultline's budget in MiB (default: 4/5 of the memory limit).
+    #[arg(long)]
+    pub budget_mib: Option<usize>,
+    /// The memory cgroup limit of every run, kernel and faultline alike, in
+    /// MiB (default: 64 with --quick, 256 without; with --budget-mib,
+    /// budget x 5/4 plus 1/128 of the data for faultline's per-page
+    /// metadata, which lies outside its budget).
+    #[arg(long)]
+    pub memory_mib: Option<usize>,
+}
+
+/// The memory limit, faultline's budget and the dataset size, in bytes.
+fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usize)> {
+    let mib = |v: Option<usize>, what: &str| match v {
+        Some(0) => bail!("--{what} must be at least 1"),
+        v => Ok(v.map(|m| m << 20)),
+    };
+    let (data, budget, memory) = (
+        mib(o.data_mib, "data-mib")?,
+        mib(o.budget_mib, "budget-mib")?,
+        mib(o.memory_mib, "memory-mib")?,
+    );
+    let (limit, budget, len) = match budget.map(|b| b.next_multiple_of(2 << 20)) {
+        Some(budget) => {
+            let len = data.unwrap_or(5 * budget);
+            let limit = budget / 4 * 5 + len / 128;
+            (
+                memory.unwrap_or(limit.next_multiple_of(1 << 20)),
+                budget,
+                len,
+            )
+        }
+        None => {
+            let limit = memory.unwrap_or(default_limit);
+            let budget = (limit * 4 / 5).next_multiple_of(2 << 20);
+            (limit, budget, data.unwrap_or(limit * 4))
+        }
+    };
+    if budget + len / 128 > limit {
+        bail!(
+            "a {} MiB limit leaves faultline (budget {} MiB) no room for its per-page metadata of a {} MiB file: \
+             raise --memory-mib or lower --budget-mib",
+            limit >> 20,
+            budget >> 20,
+            len >> 20
+        );
+    }
+    Ok((limit, budget, len))
+}
+
+/// Application threads of every run (and the random device queue depth).
+const THREADS: usize = 2;
+
+/// The sizes and caps of one bench run, and the dataset file.
+struct Setup {
+    file: PathBuf,
+    len: usize,
+    limit: usize,
+    budget: usize,
+    ops: usize,
+    secs: f64,
+}
+
+impl Setup {
+    fn new(o: &OocOpts) -> anyhow::Result<Setup> {
+        let (limit, ops, secs) = if o.common.quick {
+            (64usize << 20, 20_000, 3.0)
+        } else {
+            (256 << 20, 100_000, 20.0)
+        };
+        let (limit, budget, len) = sizes(o, limit)?;
+        let dir = std::env::var_os("FAULTLINE_BENCH_DIR")
+            .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+        let file = dir.join(format!("faultline-ooc-{}.dat", std::process::id()));
+        Ok(Setup {
+            file,
+            len,
+            limit,
+            budget,
+            ops,
+            secs,
+        })
+    }
+
+    /// Runs one side in a child inside a fresh cgroup: (ops/s, peak RSS MiB).
+    fn run_child(&self, system: &str, hint: &str, pattern: &str) -> anyhow::Result<(f64, f64)> {
+        drop_caches()?;
+        let cg = Cgroup::new(self.limit)?;
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["ooc-child", "--system", system, "--hint", hint, "--file"])
+            .arg(&self.file)
+            .args(["--budget", &self.budget.to_string(), "--pattern", pattern])
+            .args([
+                "--threads",
+                &THREADS.to_string(),
+                "--ops",
+                &self.ops.to_string(),
+            ])
+            .args(["--secs", &self.secs.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        cg.add(child.id())?;
+        child
+            .stdin
+            .take()
+            .context("child stdin")?
+            .write_all(b"go\n")?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("{system} ({hint}) {pattern} child failed: {}", out.status);
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        Ok((
+            v["ops_per_s"].as_f64().unwrap_or(0.0),
+            v["max_rss_mib"].as_f64().unwrap_or(0.0),
+        ))
+    }
+}
+
+/// One mmap row: which side, and what it measured.
+struct Measured {
+    system: &'static str,
+    hint: &'static str,
+    ops: f64,
+    rss: f64,
+}
+
+/// Adds a mmap row; ratios against the unhinted and the best kernel row.
+fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_best: f64) {
+    let (vs, vs_best) = (m.ops / k_none, m.ops / k_best);
+    report.rows.push(
+        json!({"system": m.system, "hint": m.hint, "pattern": pattern,
+        "threads": THREADS, "ops_per_s": m.ops, "max_rss_mib": m.rss,
+        "vs_kernel": vs, "vs_kernel_best": vs_best}),
+    );
+    report.table.push(vec![
+        m.system.into(),
+        m.hint.into(),
+        pattern.into(),
+        THREADS.to_string(),
+        format!("{:.0}", m.ops),
+        "-".into(),
+        format!("{:.0}", m.rss),
+        format!("{vs:.2}x"),
+        format!("{vs_best:.2}x"),
+    ]);
+}
+
+/// Adds a device row (`threads` holds the queue depth).
+fn push_device(report: &mut Report, d: &DeviceRow) {
+    report.rows.push(
+        json!({"system": "device", "hint": "-", "pattern": d.pattern,
+        "io": d.io, "queue_depth": d.queue_depth, "ops_per_s": d.pages_per_s,
+        "mib_per_s": d.mib_per_s}),
+    );
+    report.table.push(vec![
+        "device".into(),
+        "-".into(),
+        d.pattern.into(),
+        format!("qd {}", d.queue_depth),
+        format!("{:.0}", d.pages_per_s),
+        format!("{:.0}", d.mib_per_s),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ]);
+}
+
+/// The three runs of one pattern: kernel unhinted, kernel hinted, faultline.
+fn run_pattern(
+    s: &Setup,
+    report: &mut Report,
+    pattern: &str,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<()> {
+    let hint = if pattern.starts_with("random") {
+        "random"
+    } else {
+        "sequential"
+    };
+    let mut rows = Vec::new();
+    for (system, hint) in [("kernel", "none"), ("kernel", hint), ("faultline", "-")] {
+        let (ops, rss) = s.run_child(system, hint, pattern)?;
+        bar.inc(1);
+        rows.push(Measured {
+            system,
+            hint,
+            ops,
+            rss,
+        });
+    }
+    let k_none = rows[0].ops;
+    let k_best = rows[0].ops.max(rows[1].ops);
+    for m in &rows {
+        push_row(report, pattern, m, k_none, k_best);
+    }
+    Ok(())
+}
+
+/// The device rows, or a note saying why there are none.
+fn run_device(s: &Setup, report: &mut Report) -> anyhow::Result<()> {
+    drop_caches()?;
+    match device::measure(&s.file, THREADS, s.ops, s.secs)? {
+        Ok(rows) => rows.iter().for_each(|d| push_device(report, d)),
+        Err(why) => report.notes.push(why),
+    }
+    Ok(())
+}
+
+pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
+    let s = Setup::new(opts)?;
+    make_dataset(&s.file, s.len)?;
+    let mut report = Report::new(
+        "out-of-core",
+        vec![
+            "system",
+            "hint",
+            "pattern",
+            "threads",
+            "ops_per_s",
+            "mib_per_s",
+            "max_rss_mib",
+            "vs_kernel",
+            "vs_kernel_best",
+        ],
+    );
+    report.config = json!({"file_bytes": s.len, "memory_limit_bytes": s.limit,
+        "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
+        "ops_per_thread": s.ops, "threads": THREADS, "time_cap_s": s.secs});
+    let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
+    let bar = progress((patterns.len() * 3) as u64, "out-of-core");
+    let result = (|| -> anyhow::Result<()> {
+        run_device(&s, &mut report)?;
+        for pattern in patterns {
+            run_pattern(&s, &mut report, pattern, &bar)?;
+        }
+        Ok(())
+    })();
+    bar.finish_and_clear();
+    let _ = std::fs::remove_file(&s.file);
+    result?;
+    notes(&s, &mut report);
+    Ok(report)
+}
+
+fn notes(s: &Setup, report: &mut Report) {
+    report.notes.push(format!(
+        "file {} MiB, memory cgroup limit {} MiB for every run (faultline budget {} MiB; its page-cache use counts \
+         against the same limit); page cache dropped before each run; {THREADS} threads x up to {} ops of 4 KiB, \
+         at most {} s a run.",
+        s.len >> 20,
+        s.limit >> 20,
+        s.budget >> 20,
+        s.ops,
+        s.secs
+    ));
+    report.notes.push(
+        "kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
+         gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
+         kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern."
+            .into(),
+    );
+    if !report.rows.iter().any(|r| r["system"] == "device") {
+        return;
+    }
+    report.notes.push(format!(
+        "device rows: O_DIRECT reads of the same file in the same run (no page cache, no cgroup): random 4 KiB \
+         preads at queue depth {THREADS} (one synchronous thread per slot, up to {} reads each), and 1 MiB reads \
+         of consecutive chunks at queue depth 4 (one pass at most); ops_per_s in 4 KiB pages, mib_per_s in MiB; \
+         at most {} s each. The upper bound for a pattern's faults that miss memory.",
+        s.ops, s.secs
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        o: OocOpts,
+    }
+
+    fn sizes_of(args: &[&str]) -> anyhow::Result<(usize, usize, usize)> {
+        let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))?;
+        sizes(&cli.o, 64 << 20).map(|(l, b, d)| (l >> 20, b >> 20, d >> 20))
+    }
+
+    #[test]
+    fn sizes_keep_the_defaults_and_fit_the_metadata() {
+        assert_eq!(sizes_of(&["--quick"]).ok(), Some((64, 52, 256)));
+        assert_eq!(
+            sizes_of(&["--data-mib", "2048", "--budget-mib", "64"]).ok(),
+            Some((96, 64, 2048))
+        );
+        assert_eq!(
+            sizes_of(&["--memory-mib", "128", "--data-mib", "1024"]).ok(),
+            Some((128, 104, 1024))
+        );
+        assert!(sizes_of(&["--data-mib", "2048"]).is_err(), "no room");
+        assert!(sizes_of(&["--budget-mib", "0"]).is_err());
+    }
+}
