@@ -92,18 +92,25 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
     None
 }
 
-/// The background reclaimer: wakes every 10 ms and, when free memory is
-/// below the low watermark, reclaims up to the high one.
+/// The background reclaimer's period.
+const TICK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Its longest sleep while there is nothing it can reclaim.
+const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The background reclaimer: wakes every [`TICK`] and, when free memory is
+/// below the low watermark, reclaims up to the high one; while a pass frees
+/// nothing it sleeps longer, up to [`IDLE_MAX`].
 pub(crate) fn run(core: &Core) {
     let pages = core.alloc.pages_in(0);
     let low = pages * core.config.reclaim_low_pct / 100;
     let high = pages * core.config.reclaim_high_pct / 100;
+    let mut idle = TICK;
     loop {
         {
             let mut r = core.reserve.lock();
             if !core.is_stopping() {
-                core.reserve_cv
-                    .wait_for(&mut r, std::time::Duration::from_millis(10));
+                core.reserve_cv.wait_for(&mut r, idle);
             }
         }
         if core.is_stopping() {
@@ -118,13 +125,30 @@ pub(crate) fn run(core: &Core) {
             }
         }
         if free < low {
-            reclaim(core, high - free, None, || core.alloc.free_hint() >= high);
+            let freed = reclaim(core, high - free, None, || core.alloc.free_hint() >= high);
+            // Nothing to take (pinned, zero-filled or busy pages): a pass
+            // walks every page, so back off (doubling, up to IDLE_MAX)
+            // instead of burning a CPU while the program idles. Faults
+            // still reclaim synchronously when they need a frame.
+            idle = if freed == 0 {
+                (idle * 2).min(IDLE_MAX)
+            } else {
+                TICK
+            };
+        } else {
+            idle = TICK;
         }
     }
 }
 
 fn reclaimable(r: &RegionInner) -> bool {
     !r.store.is_zero() && !r.pinned && !r.dying()
+}
+
+/// Reclaimable and holding frames now: the hand walks only these (an
+/// untouched terabyte region costs a pass nothing).
+fn worth_walking(r: &RegionInner) -> bool {
+    reclaimable(r) && r.holding() > 0
 }
 
 /// Advances the clock until `want` 4 KiB pages' worth of frames were freed,
@@ -141,7 +165,7 @@ pub(crate) fn reclaim(
     let regions = core.table.regions();
     let total: usize = regions
         .iter()
-        .filter(|r| reclaimable(r))
+        .filter(|r| worth_walking(r))
         .map(|r| r.pages())
         .sum();
     if total == 0 {
@@ -168,7 +192,7 @@ pub(crate) fn reclaim(
             page = 0;
         }
         let r = &regions[ri];
-        if !reclaimable(r) || page >= r.pages() {
+        if !worth_walking(r) || page >= r.pages() {
             ri += 1;
             page = 0;
             steps += 1;

@@ -27,7 +27,7 @@ pub mod table;
 use crate::config::PageSize;
 use crate::store::Store;
 use faultline_sys::mem::Mapping;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub use table::RegionTable;
@@ -70,6 +70,9 @@ pub struct RegionInner {
     /// (dirty tracking: [`crate::dirty`]).
     pub(crate) fps: Option<crate::dirty::Fingerprints>,
     dying: AtomicBool,
+    /// Pages holding a frame (resident or parked), kept by `set_state`:
+    /// reclaim skips regions without any.
+    holding: AtomicUsize,
     /// Never reclaimed ([`crate::MapOptions::pinned`]).
     pub(crate) pinned: bool,
     /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
@@ -98,6 +101,7 @@ impl RegionInner {
             pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
             fps,
             dying: AtomicBool::new(false),
+            holding: AtomicUsize::new(0),
             pinned,
             streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
@@ -180,7 +184,26 @@ impl RegionInner {
             PageState::Resident(f) => f + 1,
             PageState::Parked(f) => (f + 1) | PARKED,
         };
-        self.pages[page].store(v, Ordering::Release);
+        // AcqRel: its Release half pairs with the Acquire load in `state`
+        // (as the plain store did); the old value keeps `holding` exact.
+        let old = self.pages[page].swap(v, Ordering::AcqRel);
+        let holds = |x: u32| x != 0 && x != POISONED && x != GONE;
+        // Relaxed: a count read as a hint by reclaim.
+        match (holds(old), holds(v)) {
+            (false, true) => {
+                self.holding.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.holding.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Pages holding a frame (resident or parked) right now; exact when no
+    /// page changes state.
+    pub(crate) fn holding(&self) -> usize {
+        self.holding.load(Ordering::Relaxed)
     }
 
     /// Number of resident pages (a racy count, exact when no fault is in
@@ -266,5 +289,30 @@ impl RegionInner {
     /// under a fault lock that teardown takes afterwards.
     pub(crate) fn set_dying(&self) {
         self.dying.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Zero;
+    use faultline_sys::mem::Mapping;
+
+    #[test]
+    fn holding_counts_pages_with_frames() {
+        let m = Mapping::anonymous(8 * 4096, 4096).expect("mmap");
+        let r = RegionInner::new(1, m, PageSize::Base4K, Arc::new(Zero), 1, false);
+        assert_eq!(r.holding(), 0);
+        r.set_state(0, PageState::Resident(5));
+        r.set_state(1, PageState::Parked(6));
+        r.set_state(2, PageState::Poisoned);
+        assert_eq!(r.holding(), 2);
+        r.set_state(0, PageState::Parked(5));
+        r.set_state(1, PageState::Resident(6));
+        assert_eq!(r.holding(), 2, "resident <-> parked keeps the frame");
+        r.set_state(0, PageState::Absent);
+        r.set_state(1, PageState::Gone);
+        r.set_state(2, PageState::Absent);
+        assert_eq!(r.holding(), 0);
     }
 }
