@@ -74,6 +74,13 @@ impl Drop for FaultGuard<'_> {
     }
 }
 
+/// Counts a wait that began at `t` and ended with `g` held (lockstat).
+fn waited(mut g: MutexGuard<'_, LockStat>, t: Instant) -> MutexGuard<'_, LockStat> {
+    g.contentions += 1;
+    g.wait_ns += t.elapsed().as_nanos() as u64;
+    g
+}
+
 /// This thread's kernel id, cached (0 never names a thread).
 pub(crate) fn this_thread() -> u32 {
     thread_local! {
@@ -179,10 +186,7 @@ impl FaultLocks {
             Some(g) => g,
             None => {
                 let t = Instant::now();
-                let mut g = m.lock();
-                g.contentions += 1;
-                g.wait_ns += t.elapsed().as_nanos() as u64;
-                g
+                waited(m.lock(), t)
             }
         };
         FaultGuard::new(g, &self.owners[index & self.mask])
@@ -210,10 +214,8 @@ impl FaultLocks {
         }
         let t = Instant::now();
         loop {
-            if let Some(mut g) = self.locks[i].try_lock_for(step) {
-                g.contentions += 1;
-                g.wait_ns += t.elapsed().as_nanos() as u64;
-                return Some(FaultGuard::new(g, &self.owners[i]));
+            if let Some(g) = self.locks[i].try_lock_for(step) {
+                return Some(FaultGuard::new(waited(g, t), &self.owners[i]));
             }
             if give_up(self.owner(i)) {
                 return None;

@@ -38,6 +38,9 @@ struct Lender {
 pub(crate) struct Nesting {
     workers: usize,
     lenders: Mutex<Vec<Lender>>,
+    /// `lenders.len()`, readable without the mutex: every fault asks
+    /// whether its thread lends, and almost always none does.
+    lending: AtomicUsize,
     /// Workers inside a store-backed fault.
     busy: AtomicUsize,
     /// Store-backed faults finished so far.
@@ -53,6 +56,7 @@ impl Nesting {
         Nesting {
             workers,
             lenders: Mutex::new(Vec::new()),
+            lending: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
             busy_exits: AtomicU64::new(0),
             standby_cv: Condvar::new(),
@@ -65,12 +69,18 @@ impl Nesting {
     pub(crate) fn lend(&self, region: u64, pages: Range<usize>) -> Lend<'_> {
         let tid = this_thread();
         self.lenders.lock().push(Lender { tid, region, pages });
+        // SeqCst, like the load in `is_lending`: the count is raised before
+        // this thread's store call can touch a region, so a server of that
+        // fault finds it non-zero.
+        self.lending.fetch_add(1, Ordering::SeqCst);
         Lend { nesting: self, tid }
     }
 
     /// Whether thread `tid` is inside a store call made under a fault lock.
     pub(crate) fn is_lending(&self, tid: u32) -> bool {
-        tid != 0 && self.lenders.lock().iter().any(|l| l.tid == tid)
+        tid != 0
+            && self.lending.load(Ordering::SeqCst) > 0
+            && self.lenders.lock().iter().any(|l| l.tid == tid)
     }
 
     /// Whether a fault by `tid` on `page` of region `region`, under lock
@@ -158,6 +168,8 @@ impl Drop for Lend<'_> {
         // The latest of this thread's entries (calls nest in a thread).
         if let Some(i) = l.iter().rposition(|x| x.tid == self.tid) {
             l.remove(i);
+            // SeqCst: see `Nesting::lend`.
+            self.nesting.lending.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

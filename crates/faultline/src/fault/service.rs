@@ -36,22 +36,14 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
         let _ = host::pin_thread(worker % host::online_cpus());
     }
     core.worker_tids.lock().push(host::thread_id());
-    let batch = core.config.experiment.event_batch;
+    let mut intake = Intake::new(&core);
     let spin = Duration::from_micros(u64::from(core.config.experiment.spin_us));
-    let mut read = Vec::with_capacity(batch);
-    let mut events: VecDeque<Queued> = VecDeque::with_capacity(batch);
     let mut last_event = Instant::now();
     loop {
-        // Deferred events first: they have waited longest.
-        let deferred = core.deferred.lock().pop_front();
-        if let Some(ev) = deferred {
-            handle(&core, worker, ev, &mut events);
-            last_event = Instant::now();
-            continue;
-        }
-        read.clear();
-        match core.read_events(&mut read, batch) {
-            Ok((0, _)) => {
+        match intake.turn(&core, worker) {
+            Turn::Handled(_) => last_event = Instant::now(),
+            Turn::Failed => {}
+            Turn::Idle => {
                 // Idle: take a piece of an offered migration copy, then look
                 // at the userfaultfd again before the next one.
                 if crate::migrate::help(&core, worker) {
@@ -78,16 +70,64 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// What one [`Intake::turn`] did.
+enum Turn {
+    /// Handled this many events.
+    Handled(usize),
+    /// Nothing was pending.
+    Idle,
+    /// Reading events failed (recorded; the caller goes on).
+    Failed,
+}
+
+/// A server's event intake: the read buffer and the batch being handled.
+struct Intake {
+    batch: usize,
+    read: Vec<Event>,
+    events: VecDeque<Queued>,
+}
+
+impl Intake {
+    fn new(core: &Core) -> Intake {
+        let batch = core.config.experiment.event_batch;
+        Intake {
+            batch,
+            read: Vec::with_capacity(batch),
+            events: VecDeque::with_capacity(batch),
+        }
+    }
+
+    /// Handles one deferred event (they have waited longest) or, if there is
+    /// none, a batch read from the userfaultfd without blocking.
+    fn turn(&mut self, core: &Core, worker: usize) -> Turn {
+        let deferred = core.deferred.lock().pop_front();
+        if let Some(ev) = deferred {
+            handle(core, worker, ev, &mut self.events);
+            return Turn::Handled(1);
+        }
+        self.read.clear();
+        match core.read_events(&mut self.read, self.batch) {
+            Ok((0, _)) => Turn::Idle,
             Ok((_, stamp)) => {
-                events.extend(read.drain(..).map(|ev| (ev, stamp)));
-                while let Some(ev) = events.pop_front() {
-                    handle(&core, worker, ev, &mut events);
+                self.events
+                    .extend(self.read.drain(..).map(|ev| (ev, stamp)));
+                // Counts what this server handled: `handle` may hand the
+                // rest of the batch to the others.
+                let mut n = 0;
+                while let Some(ev) = self.events.pop_front() {
+                    handle(core, worker, ev, &mut self.events);
+                    n += 1;
                 }
-                last_event = Instant::now();
+                Turn::Handled(n)
             }
             Err(e) => {
                 core.record(FaultError::Events(e));
                 std::thread::sleep(Duration::from_millis(10));
+                Turn::Failed
             }
         }
     }
@@ -235,9 +275,7 @@ const STUCK: Duration = Duration::from_millis(5);
 /// workers' count).
 pub(crate) fn run_standby(core: Arc<Core>, worker: usize, waiter: Waiter) {
     core.worker_tids.lock().push(host::thread_id());
-    let batch = core.config.experiment.event_batch;
-    let mut read = Vec::with_capacity(batch);
-    let mut events: VecDeque<Queued> = VecDeque::with_capacity(batch);
+    let mut intake = Intake::new(&core);
     loop {
         core.nesting.await_all_busy(|| core.is_stopping());
         if core.is_stopping() {
@@ -250,30 +288,18 @@ pub(crate) fn run_standby(core: Arc<Core>, worker: usize, waiter: Waiter) {
         // fault this loop serves, or its store came back).
         let seen = core.nesting.busy_exits();
         while core.nesting.still_stuck(seen) && !core.is_stopping() {
-            let deferred = core.deferred.lock().pop_front();
-            if let Some(ev) = deferred {
-                Stats::bump(&core.stats.standby_serves);
-                handle(&core, worker, ev, &mut events);
-                continue;
-            }
-            read.clear();
-            match core.read_events(&mut read, batch) {
-                Ok((0, _)) => {
+            match intake.turn(&core, worker) {
+                Turn::Handled(n) => {
+                    core.stats
+                        .standby_serves
+                        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                Turn::Failed => {}
+                Turn::Idle => {
                     // Short waits: the workers may return at any moment.
                     if let Ok(Ready::Other(1)) = waiter.wait(10) {
                         core.deferred_fd.drain();
                     }
-                }
-                Ok((_, stamp)) => {
-                    events.extend(read.drain(..).map(|ev| (ev, stamp)));
-                    while let Some(ev) = events.pop_front() {
-                        Stats::bump(&core.stats.standby_serves);
-                        handle(&core, worker, ev, &mut events);
-                    }
-                }
-                Err(e) => {
-                    core.record(FaultError::Events(e));
-                    std::thread::sleep(Duration::from_millis(10));
                 }
             }
         }

@@ -53,47 +53,36 @@ pub(super) fn take<'a>(
     // its own work on them).
     let (domain, key) = region.lock_key(page);
     let held = (!how.lent).then(|| core.locks.index(domain, key));
-    if count > 1 && !region.store.is_zero() {
+    let run = if count > 1 && !region.store.is_zero() {
         // Read-ahead: the longest free run up to the window, from what is
         // free now (never reclaiming for pages not asked for yet); the
-        // faulting page is the run's first. None that long: the page alone.
-        if let Some((count, frame)) = longest_free_run(core, region, order) {
-            return Some(Unit {
-                first,
-                count,
-                frame,
-            });
-        }
-        let frame = reclaim::alloc(core, region.page_size.order(), held)?;
-        return Some(Unit {
-            first: page,
-            count: 1,
-            frame,
-        });
-    }
-    // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
-    // worker has one ready.
-    let prezeroed = if order == crate::frame::HUGE_ORDER && region.store.is_zero() {
-        core.take_prezeroed()
+        // faulting page is the run's first.
+        longest_free_run(core, region, order)
     } else {
-        None
+        // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
+        // worker has one ready.
+        let zeroed = order == crate::frame::HUGE_ORDER && region.store.is_zero();
+        let prezeroed = zeroed.then(|| core.take_prezeroed()).flatten();
+        prezeroed
+            .or_else(|| reclaim::alloc(core, order, held))
+            .map(|f| (count, f))
     };
-    if let Some(frame) = prezeroed.or_else(|| reclaim::alloc(core, order, held)) {
-        return Some(Unit {
+    match run {
+        Some((count, frame)) => Some(Unit {
             first,
             count,
             frame,
-        });
+        }),
+        // No run that long (read-ahead, fault-around): the page alone.
+        None if count > 1 => {
+            reclaim::alloc(core, region.page_size.order(), held).map(|frame| Unit {
+                first: page,
+                count: 1,
+                frame,
+            })
+        }
+        None => None,
     }
-    if count == 1 {
-        return None;
-    }
-    let frame = reclaim::alloc(core, region.page_size.order(), held)?;
-    Some(Unit {
-        first: page,
-        count: 1,
-        frame,
-    })
 }
 
 /// The fault-around window `(first, count)` if it applies: a zero-filled
