@@ -15,6 +15,7 @@
 
 use crate::config::Config;
 use crate::copyjob::CopyJob;
+use crate::dirty::Fingerprints;
 use crate::error::{FaultError, MapError};
 use crate::frame::{Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
@@ -59,6 +60,9 @@ pub(crate) struct Core {
     pub(crate) pool: Pool,
     pub(crate) alloc: FramePools,
     pub(crate) table: RegionTable,
+    /// Fingerprints of the pages in frames, by frame (`dirty`), shared by
+    /// the regions of writable stores.
+    pub(crate) fps: Arc<Fingerprints>,
     pub(crate) locks: FaultLocks,
     pub(crate) stats: Stats,
     /// This process's page tables, read by the page-move protocol
@@ -127,6 +131,7 @@ impl Core {
             pagemap,
             pid: faultline_sys::host::process_id(),
             table: RegionTable::new(config.experiment.lookup_cache),
+            fps: Arc::new(Fingerprints::new(pool.pages())),
             errors: Mutex::new(VecDeque::new()),
             errors_cv: parking_lot::Condvar::new(),
             objects: Mutex::new(Vec::new()),

@@ -33,6 +33,7 @@ mod config;
 mod copyjob;
 mod core;
 mod dirty;
+mod discard;
 mod error;
 mod fault;
 mod fill;
@@ -54,6 +55,7 @@ pub use config::{
     Config, ConfigError, CopyMethod, Experiment, FillOrder, LockMode, LookupCache, MapOptions,
     PageSize, PoolSpec,
 };
+pub use discard::Discard;
 pub use error::{AddrError, BuildError, FaultError, MapError};
 pub use frame::PoolId;
 pub use locks::LockStat;

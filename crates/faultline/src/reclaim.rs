@@ -126,8 +126,7 @@ pub(crate) fn run(core: &Core) {
         }
         if free < low {
             let freed = reclaim(core, high - free, None, || core.alloc.free_hint() >= high);
-            // Nothing to take (pinned, zero-filled or busy pages): a pass
-            // walks every page, so back off (doubling, up to IDLE_MAX)
+            // Nothing to take (pinned, zero-filled or busy pages): back off (doubling, up to IDLE_MAX)
             // instead of burning a CPU while the program idles. Faults
             // still reclaim synchronously when they need a frame.
             idle = if freed == 0 {
@@ -163,10 +162,13 @@ pub(crate) fn reclaim(
     enough: impl Fn() -> bool,
 ) -> usize {
     let regions = core.table.regions();
+    // The hand visits only pages in use (`RegionInner::next_used` skips
+    // untouched address space), so two turns are about twice the pages
+    // holding frames.
     let total: usize = regions
         .iter()
         .filter(|r| worth_walking(r))
-        .map(|r| r.pages())
+        .map(|r| r.holding() + 1)
         .sum();
     if total == 0 {
         return 0;
@@ -192,12 +194,14 @@ pub(crate) fn reclaim(
             page = 0;
         }
         let r = &regions[ri];
-        if !worth_walking(r) || page >= r.pages() {
+        let next = worth_walking(r).then(|| r.next_used(page)).flatten();
+        let Some(next) = next else {
             ri += 1;
             page = 0;
             steps += 1;
             continue;
-        }
+        };
+        page = next;
         steps += 1;
         if evicted.len() >= 64 {
             core.alloc.free_bulk(&mut evicted);

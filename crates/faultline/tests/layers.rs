@@ -27,6 +27,7 @@ const LAYERS: &[&str] = &[
     "pagemove",
     "fill",
     "writeback",
+    "discard",
     "reclaim",
     "migrate",
     "fault",

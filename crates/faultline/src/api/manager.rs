@@ -170,7 +170,10 @@ impl Manager {
         core.uffd.register(map.addr(), len, mode)?;
         let window = lock_window(core, store.as_ref(), page);
         let store: Arc<dyn Store> = Arc::new(Guarded(store));
-        let inner = Arc::new(RegionInner::new(id, map, page, store, window, opts.pinned));
+        let inner = Arc::new(
+            RegionInner::new(id, map, page, store, window, opts.pinned)
+                .with_fingerprints(&core.fps),
+        );
         core.table.insert(Arc::clone(&inner));
         Ok(inner)
     }
@@ -185,6 +188,8 @@ impl Manager {
             .snapshot(c.pool.pages(), c.alloc.free_pages() + reserve);
         snap.locks = c.locks.stat();
         snap.frames_prezeroed = reserve;
+        let states: usize = c.table.regions().iter().map(|r| r.state_bytes()).sum();
+        snap.metadata_bytes = states + c.fps.bytes();
         snap
     }
 
