@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::copyjob::CopyJob;
 use crate::dirty::Fingerprints;
 use crate::error::{FaultError, MapError};
-use crate::frame::{Frame, FrameAllocator, FramePools, Pool};
+use crate::frame::{Balloon, Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
 use crate::region::RegionTable;
@@ -59,6 +59,8 @@ pub(crate) struct Core {
     pub(crate) uffd: Uffd,
     pub(crate) pool: Pool,
     pub(crate) alloc: FramePools,
+    /// Frames of pool 0 given back to the kernel (`budget.rs`).
+    pub(crate) balloon: Balloon,
     pub(crate) table: RegionTable,
     /// Fingerprints of the pages in frames, by frame (`dirty`), shared by
     /// the regions of writable stores.
@@ -153,6 +155,13 @@ impl Core {
             config,
             uffd,
             pool,
+            balloon: {
+                // The parts not populated at build (room to grow) start
+                // out withheld.
+                let b = Balloon::default();
+                b.ledger().put(alloc.take_unpopulated(), true);
+                b
+            },
             alloc,
         }
     }

@@ -29,6 +29,7 @@
 //! Only `faultline-sys` makes system calls.
 
 mod api;
+mod budget;
 mod config;
 mod copyjob;
 mod core;
@@ -56,7 +57,7 @@ pub use config::{
     PageSize, PoolSpec,
 };
 pub use discard::Discard;
-pub use error::{AddrError, BuildError, FaultError, MapError};
+pub use error::{AddrError, BudgetError, BuildError, FaultError, MapError};
 pub use frame::PoolId;
 pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};

@@ -28,6 +28,7 @@ const LAYERS: &[&str] = &[
     "fill",
     "writeback",
     "discard",
+    "budget",
     "reclaim",
     "migrate",
     "fault",
