@@ -146,10 +146,6 @@ pub(crate) fn alloc_bulk_in(
     got + core.alloc.alloc_bulk_in(pool, order, n - got, out)
 }
 
-/// How long free memory must stay above the high watermark before the
-/// excess goes back to the kernel.
-pub(crate) const IDLE_RELEASE: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Gives free pages above `high` back to the kernel, as idle frames.
 pub(crate) fn release_idle(core: &Core, high: usize) -> usize {
     let free = core.alloc.free_hint();

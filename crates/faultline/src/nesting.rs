@@ -114,6 +114,11 @@ impl Nesting {
         Busy { nesting: self }
     }
 
+    /// Workers inside a store-backed fault now (a hint).
+    pub(crate) fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
+    }
+
     fn all_busy(&self) -> bool {
         self.busy.load(Ordering::Relaxed) >= self.workers
     }

@@ -78,7 +78,7 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
         if let Some(f) = core.alloc.alloc(order) {
             return Some(f);
         }
-        if freed == 0 && !core.table.regions().iter().any(|r| reclaimable(r)) {
+        if freed == 0 && nothing_to_wait_for(core) {
             return None;
         }
     }
@@ -88,7 +88,7 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
     // went to another fault. Wait for them rather than fail the fault —
     // up to 2 s, then the fault is refused (SIGBUS, cause queued).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
+    while std::time::Instant::now() < deadline && !nothing_to_wait_for(core) {
         std::thread::sleep(std::time::Duration::from_micros(200));
         reclaim(core, want, held, || false);
         if let Some(f) = core.alloc.alloc(order) {
@@ -97,6 +97,17 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
         }
     }
     None
+}
+
+/// Whether no frame can come: no region may be reclaimed at all, or none
+/// holds a frame reclaim could take while no other store-backed fault is in
+/// flight (one may be about to record a page reclaim can then take). An
+/// unservable fault is then refused at once (SIGBUS, cause queued), not
+/// after the wait.
+fn nothing_to_wait_for(core: &Core) -> bool {
+    let regions = core.table.regions();
+    !regions.iter().any(|r| reclaimable(r))
+        || (!regions.iter().any(|r| worth_walking(r)) && core.nesting.busy() <= 1)
 }
 
 /// The background reclaimer's period.
@@ -151,7 +162,7 @@ pub(crate) fn run(core: &Core) {
 }
 
 /// Free memory above the high watermark that nobody takes: after
-/// [`budget::IDLE_RELEASE`] of it, the excess goes back to the kernel (a
+/// `Config::idle_release` of it, the excess goes back to the kernel (a
 /// program that shrank shrinks its RSS). Free memory that falls meanwhile
 /// (faults are using it) restarts the wait.
 #[derive(Debug, Default)]
@@ -161,12 +172,15 @@ struct Above {
 
 impl Above {
     fn note(&mut self, core: &Core, high: usize) {
+        let Some(wait) = core.config.idle_release else {
+            return;
+        };
         let free = core.alloc.free_hint();
         let slack = crate::frame::PAGES_PER_HUGE;
         self.since = match self.since {
             _ if free <= high + slack => None,
             Some((t, was)) if free + slack >= was => {
-                if t.elapsed() < budget::IDLE_RELEASE {
+                if t.elapsed() < wait {
                     Some((t, was))
                 } else {
                     budget::release_idle(core, high);

@@ -132,7 +132,9 @@ fn idle_free_memory_goes_back_to_the_kernel() {
     if !in_child() {
         return run_in_child("idle_free_memory_goes_back_to_the_kernel", "idle ok");
     }
-    let mm = manager_with(config(64 * MIB));
+    let mut c = config(64 * MIB);
+    c.idle_release = Some(Duration::from_secs(1));
+    let mm = manager_with(c);
     let r = mm.map(48 * MIB, Zero, MapOptions::new()).expect("map");
     write_all(&r, 3);
     let used = rss();

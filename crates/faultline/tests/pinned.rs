@@ -115,3 +115,51 @@ fn an_idle_manager_with_nothing_to_reclaim_stays_idle() {
         mm.stats()
     );
 }
+
+/// The pool is full of pinned pages and a fault comes for a 256 GiB file
+/// region that holds nothing: no frame can come, so the fault is refused
+/// at once — the toucher gets its error (EFAULT from kernel mode; SIGBUS
+/// from user mode) and the cause is queued — in well under 10 ms, not
+/// after a walk of the address space or a 2 s wait (issue 17).
+#[test]
+fn an_unservable_fault_reports_at_once() {
+    let dir = ScratchDir::new("unservable");
+    let path = dir.path().join("sparse");
+    let big = 256usize << 30;
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(big as u64))
+        .expect("sparse file");
+    let mm = manager(8 * MIB);
+    let file = mm
+        .map_read_only(
+            big,
+            faultline::store::File::open(&path, faultline::store::FileOptions::new())
+                .expect("open"),
+            MapOptions::new(),
+        )
+        .expect("map the sparse file");
+    let pinned = mm
+        .map(
+            8 * MIB,
+            Delayed::new(Zero, Duration::ZERO),
+            MapOptions::new().pinned(true),
+        )
+        .expect("pinned map");
+    for off in (0..pinned.len()).step_by(4096) {
+        pinned.store_u64(off, 1).expect("fill the pool");
+    }
+    let mut took = Vec::new();
+    for i in 0..5 {
+        let addr = file.addr() + (i * 7919 + 13) * (1 << 20);
+        let t0 = std::time::Instant::now();
+        assert_eq!(common::kernel_read(addr), libc::EFAULT, "no frame: refused");
+        took.push(t0.elapsed());
+        assert!(
+            matches!(mm.take_error(), Some(faultline::FaultError::NoFrame { .. })),
+            "the cause is queued"
+        );
+    }
+    took.sort();
+    eprintln!("unservable faults reported in {took:?}");
+    assert!(took[2] < Duration::from_millis(10), "median {:?}", took[2]);
+}

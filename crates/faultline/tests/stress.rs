@@ -131,6 +131,9 @@ fn stress_checksum_oracle() {
     let mm = common::manager_with({
         let mut c = common::config(128 * MIB);
         c.experiment.fault_locks = Some(4);
+        // Free memory goes back to the kernel after 0.2 s of disuse and is
+        // taken back by faults and migrations all through the run.
+        c.idle_release = Some(Duration::from_millis(200));
         c.with_tier(64 * MIB)
     });
     let threads = 4;

@@ -47,6 +47,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// How long free memory above the high watermark idles before it goes
+    /// back to the kernel ([`Config::idle_release`]; `None`: never).
+    pub fn idle_release(mut self, after: Option<std::time::Duration>) -> Self {
+        self.config.idle_release = after;
+        self
+    }
+
     /// Number of fault workers ([`Config::workers`]).
     pub fn workers(mut self, n: usize) -> Self {
         self.config.workers = n;

@@ -90,6 +90,12 @@ pub struct Config {
     pub reclaim_low_pct: usize,
     /// Background reclaim stops at this share of the pool free (%).
     pub reclaim_high_pct: usize,
+    /// Free memory above `reclaim_high_pct` that nobody takes for this long
+    /// goes back to the kernel, as whole 2 MiB blocks (a program that shrank
+    /// shrinks its RSS; taking it back later costs a refill of cold memory,
+    /// hence the wait — as an allocator's decay time). `None`: never.
+    /// Default 10 s.
+    pub idle_release: Option<std::time::Duration>,
     /// Largest read-ahead window for store-backed 4 KiB regions, in pages (a
     /// power of two up to 512; 1 turns read-ahead off). It is also the fault
     /// lock window of 4 KiB regions over a file. Default 256 (1 MiB): a
@@ -138,6 +144,7 @@ impl Default for Config {
             reclaim: true,
             reclaim_low_pct: 5,
             reclaim_high_pct: 10,
+            idle_release: Some(std::time::Duration::from_secs(10)),
             node: None,
             extra_pools: Vec::new(),
             small_zone_pct: 0,

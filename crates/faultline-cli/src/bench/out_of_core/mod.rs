@@ -96,8 +96,9 @@ pub struct OocOpts {
     pub budget_mib: Option<usize>,
     /// The memory cgroup limit of every run, kernel and faultline alike, in
     /// MiB (default: 64 with --quick, 256 without; with --budget-mib,
-    /// budget x 5/4 plus 1/128 of the data for faultline's per-page
-    /// metadata, which lies outside its budget).
+    /// budget x 9/8 plus faultline's metadata outside its budget: at most
+    /// 1/1024 of the data for page states and 1/256 of the budget for
+    /// fingerprints).
     #[arg(long)]
     pub memory_mib: Option<usize>,
 }
@@ -116,7 +117,7 @@ fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usi
     let (limit, budget, len) = match budget.map(|b| b.next_multiple_of(2 << 20)) {
         Some(budget) => {
             let len = data.unwrap_or(5 * budget);
-            let limit = budget / 4 * 5 + len / 128;
+            let limit = budget / 8 * 9 + metadata(budget, len);
             (
                 memory.unwrap_or(limit.next_multiple_of(1 << 20)),
                 budget,
@@ -129,7 +130,7 @@ fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usi
             (limit, budget, data.unwrap_or(limit * 4))
         }
     };
-    if budget + len / 128 > limit {
+    if budget + metadata(budget, len) > limit {
         bail!(
             "a {} MiB limit leaves faultline (budget {} MiB) no room for its per-page metadata of a {} MiB file: \
              raise --memory-mib or lower --budget-mib",
@@ -139,6 +140,12 @@ fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usi
         );
     }
     Ok((limit, budget, len))
+}
+
+/// faultline's metadata outside its budget, at most: a 2 KiB page-state
+/// leaf per 2 MiB of data (all touched) and 16 bytes per frame.
+fn metadata(budget: usize, len: usize) -> usize {
+    len / 1024 + budget / 256
 }
 
 /// Application threads of every run (and the random device queue depth).
@@ -389,13 +396,13 @@ mod tests {
         assert_eq!(sizes_of(&["--quick"]).ok(), Some((64, 52, 256)));
         assert_eq!(
             sizes_of(&["--data-mib", "2048", "--budget-mib", "64"]).ok(),
-            Some((96, 64, 2048))
+            Some((75, 64, 2048))
         );
         assert_eq!(
             sizes_of(&["--memory-mib", "128", "--data-mib", "1024"]).ok(),
             Some((128, 104, 1024))
         );
-        assert!(sizes_of(&["--data-mib", "2048"]).is_err(), "no room");
+        assert!(sizes_of(&["--data-mib", "16384"]).is_err(), "no room");
         assert!(sizes_of(&["--budget-mib", "0"]).is_err());
     }
 }
