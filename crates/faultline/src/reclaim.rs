@@ -38,6 +38,7 @@ use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::writeback;
 use faultline_sys::PAGE_SIZE;
+use std::sync::Arc;
 
 /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
 /// reserve back to the allocator (its frames stay marked zero), then
@@ -71,7 +72,7 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
         if let Some(f) = core.alloc.alloc(order) {
             return Some(f);
         }
-        if freed == 0 && !core.table.regions().iter().any(|r| reclaimable(r)) {
+        if freed == 0 && !core.table.snapshot().iter().any(|r| reclaimable(r)) {
             return None;
         }
     }
@@ -162,7 +163,9 @@ pub(crate) fn reclaim(
     held: Option<usize>,
     enough: impl Fn() -> bool,
 ) -> usize {
-    let regions = core.table.regions();
+    // The current snapshot, borrowed: no reference count touched per region.
+    let snap = core.table.snapshot();
+    let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
     let total: usize = regions
         .iter()
         .filter(|r| worth_walking(r))

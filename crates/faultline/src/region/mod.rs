@@ -23,6 +23,7 @@
 //! and only wakes.
 
 pub mod table;
+mod tree;
 
 use crate::config::PageSize;
 use crate::store::Store;
