@@ -64,7 +64,7 @@ thread_local! {
             table: 0,
             snap: None,
             next: 0,
-            entries: [(0, 0, 0); 4],
+            entries: [NO_ENTRY; 4],
             counters: LookupCounters { hits: 0, misses: 0, depth: 0 },
         })
     };
@@ -100,18 +100,30 @@ impl LookupCounters {
 
 /// A thread's read side of one table: the snapshot it last used (RCU-style:
 /// valid while the table's `seq` equals `snap.seq`), and for the per-thread
-/// scheme its last hits as `(start, end, position in snap's tree)`.
+/// scheme its last hits as `(start, end, region)`.
 ///
 /// Holding the snapshot here keeps the regions it lists alive until this
 /// thread's next lookup after a change (or its exit): a removed region's
 /// address range is unmapped a little later, never too early.
+///
+/// Invariant: every non-empty entry points at an `Arc<RegionInner>` inside a
+/// leaf of `snap`'s tree (entries are emptied whenever `snap` changes). A
+/// published tree's nodes are never changed (a writer copies every node it
+/// changes: each is shared with the published snapshot it derives from),
+/// and `snap` keeps them alive, so the pointer stays valid as long as it is
+/// in `entries` — a hit is one load, without walking the tree.
 struct ThreadCache {
     table: u64,
     snap: Option<Arc<Snapshot>>,
     next: usize,
-    entries: [(usize, usize, Pos); 4],
+    entries: [Entry; 4],
     counters: LookupCounters,
 }
+
+/// A per-thread cache entry: `(start, end, region)`; see [`ThreadCache`].
+type Entry = (usize, usize, *const Arc<RegionInner>);
+
+const NO_ENTRY: Entry = (0, 0, std::ptr::null());
 
 /// One published state of the table.
 #[derive(Debug, Default)]
@@ -243,7 +255,7 @@ impl RegionTable {
                     c.table = self.id;
                     c.snap = Some(self.snap.load_full());
                     c.next = 0;
-                    c.entries = [(0, 0, 0); 4];
+                    c.entries = [NO_ENTRY; 4];
                 }
                 let snap = c.snap.as_ref()?;
                 self.lookup_in(snap, addr, &mut c.entries, &mut c.next, &mut c.counters, f)
@@ -257,23 +269,28 @@ impl RegionTable {
         })
     }
 
+    /// The cached and searched lookup in `snap`; `entries` and `next` are
+    /// the per-thread entries of the [`ThreadCache`] holding `snap` (their
+    /// pointers point into it).
     #[inline]
     fn lookup_in<R>(
         &self,
         snap: &Snapshot,
         addr: usize,
-        entries: &mut [(usize, usize, Pos); 4],
+        entries: &mut [Entry; 4],
         next: &mut usize,
         counters: &mut LookupCounters,
         f: impl FnOnce(&Arc<RegionInner>) -> R,
     ) -> Option<R> {
         let scheme = self.cache();
         if scheme == LookupCache::PerThread {
-            if let Some(&(_, _, pos)) = entries.iter().find(|&&(s, e, _)| addr >= s && addr < e) {
-                if let Some(r) = snap.tree.at(pos) {
-                    counters.count(true, 0);
-                    return Some(f(r));
-                }
+            if let Some(&(_, _, r)) = entries.iter().find(|&&(s, e, _)| addr >= s && addr < e) {
+                // SAFETY: a non-empty entry (an empty one contains no
+                // address) points into a leaf of `snap`, the snapshot this
+                // thread holds; see `ThreadCache`'s invariant.
+                let r = unsafe { &*r };
+                counters.count(true, 0);
+                return Some(f(r));
             }
         }
         let slot = match scheme {
@@ -300,8 +317,8 @@ impl RegionTable {
         let (pos, r) = found?;
         match (slot, pos) {
             (Some(slot), Some(pos)) => slot.store(pack(snap.seq, pos), Ordering::Relaxed),
-            (None, Some(pos)) if scheme == LookupCache::PerThread => {
-                entries[*next] = (r.start(), r.end(), pos);
+            (None, _) if scheme == LookupCache::PerThread => {
+                entries[*next] = (r.start(), r.end(), std::ptr::from_ref(r));
                 *next = (*next + 1) % 4;
             }
             _ => {}
