@@ -36,7 +36,7 @@
 //!
 //! Locks: `writer` (a leaf), only by `insert` and `remove`.
 
-use super::tree::{Pos, Tree};
+use super::tree::{Found, Pos, Tree};
 use super::RegionInner;
 use crate::config::LookupCache;
 use arc_swap::ArcSwap;
@@ -137,12 +137,9 @@ impl Snapshot {
     /// The region holding `addr` with its tree position (if the tree gives
     /// positions), and the search steps.
     #[inline]
-    fn search(&self, addr: usize) -> (Option<(Option<Pos>, &Arc<RegionInner>)>, u32) {
+    fn search(&self, addr: usize) -> (Option<Found<'_, Arc<RegionInner>>>, u32) {
         let (found, steps) = self.tree.find(addr);
-        let hit = found
-            .filter(|(_, _, r)| r.contains(addr))
-            .map(|(pos, _, r)| (pos, r));
-        (hit, steps)
+        (found.filter(|f| f.val.contains(addr)), steps)
     }
 
     #[inline]
@@ -264,7 +261,7 @@ impl RegionTable {
             Err(_) => {
                 let snap = self.snap.load_full();
                 let (found, _) = snap.search(addr);
-                found.map(|(_, r)| f(r))
+                found.map(|found| f(found.val))
             }
         })
     }
@@ -314,7 +311,7 @@ impl RegionTable {
         }
         let (found, depth) = snap.search(addr);
         counters.count(false, depth);
-        let (pos, r) = found?;
+        let Found { pos, val: r, .. } = found?;
         match (slot, pos) {
             (Some(slot), Some(pos)) => slot.store(pack(snap.seq, pos), Ordering::Relaxed),
             (None, _) if scheme == LookupCache::PerThread => {
@@ -332,7 +329,7 @@ impl RegionTable {
             .sizes
             .last()
             .and_then(|&(_, start)| tree.find(start).0)
-            .map(|(_, _, r)| Arc::clone(r));
+            .map(|f| Arc::clone(f.val));
         // SeqCst: a lookup that starts after this returns sees the new seq.
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         self.snap.store(Arc::new(Snapshot { seq, tree, largest }));
@@ -376,10 +373,7 @@ impl RegionTable {
             return false;
         };
         let snap = self.snap.load();
-        snap.tree
-            .find(last)
-            .0
-            .is_some_and(|(_, _, r)| r.end() > start)
+        snap.tree.find(last).0.is_some_and(|f| f.val.end() > start)
     }
 
     /// The current snapshot: iterate it without copying the table (it keeps

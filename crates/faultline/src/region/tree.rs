@@ -49,6 +49,17 @@ enum Kids<T> {
     Inner(Vec<Arc<Node<T>>>),
 }
 
+/// An entry [`Tree::find`] found.
+#[derive(Debug)]
+pub struct Found<'a, T> {
+    /// Its position, if the tree is shallow enough to give positions.
+    pub pos: Option<Pos>,
+    /// Its key.
+    pub key: usize,
+    /// Its value.
+    pub val: &'a T,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Tree<T> {
@@ -207,11 +218,10 @@ impl<T> Tree<T> {
         self.len
     }
 
-    /// The entry with the largest key `<= key`: its position (if the tree
-    /// is shallow enough to have positions), key and value; and the
-    /// binary-search steps taken.
+    /// The entry with the largest key `<= key`, and the binary-search
+    /// steps taken.
     #[inline]
-    pub fn find(&self, key: usize) -> (Option<(Option<Pos>, usize, &T)>, u32) {
+    pub fn find(&self, key: usize) -> (Option<Found<'_, T>>, u32) {
         let Some(mut node) = self.root.as_deref() else {
             return (None, 0);
         };
@@ -225,8 +235,12 @@ impl<T> Tree<T> {
             pos = (pos << BITS) | i as u32;
             match &node.kids {
                 Kids::Leaf(v) => {
-                    let pos = (self.depth <= MAX_DEPTH).then_some(pos);
-                    return (Some((pos, node.keys[i], &v[i])), steps);
+                    let found = Found {
+                        pos: (self.depth <= MAX_DEPTH).then_some(pos),
+                        key: node.keys[i],
+                        val: &v[i],
+                    };
+                    return (Some(found), steps);
                 }
                 Kids::Inner(kids) => node = &kids[i],
             }
@@ -298,15 +312,14 @@ impl<T: Clone> Tree<T> {
     /// Removes the entry with key `key`; returns its value, or `None` (and
     /// copies nothing) if there is none.
     pub fn remove(&mut self, key: usize) -> Option<T> {
-        if self.find(key).0.is_none_or(|(_, k, _)| k != key) {
+        if self.find(key).0.is_none_or(|f| f.key != key) {
             return None;
         }
         let root = self.root.as_mut()?;
         let out = Arc::make_mut(root).remove(key)?;
         self.len -= 1;
         // A root left with one child gives way to it; an empty one goes.
-        loop {
-            let Some(root) = &self.root else { break };
+        while let Some(root) = &self.root {
             match &root.kids {
                 Kids::Inner(kids) if kids.len() == 1 => {
                     self.root = Some(Arc::clone(&kids[0]));
@@ -397,9 +410,14 @@ mod tests {
     ) -> Result<(), TestCaseError> {
         let want = oracle.range(..=probe).next_back().map(|(&k, &v)| (k, v));
         let (got, _) = t.find(probe);
-        prop_assert_eq!(got.map(|(_, k, v)| (k, *v)), want);
-        if let Some((Some(pos), _, v)) = got {
-            prop_assert_eq!(t.at(pos), Some(v));
+        prop_assert_eq!(got.as_ref().map(|f| (f.key, *f.val)), want);
+        if let Some(Found {
+            pos: Some(pos),
+            val,
+            ..
+        }) = got
+        {
+            prop_assert_eq!(t.at(pos), Some(val));
         }
         let from: Vec<(usize, u64)> = t.iter_from(probe).map(|(k, v)| (k, *v)).take(3).collect();
         let start = want.map_or(0, |(k, _)| k);
