@@ -7,7 +7,9 @@
 //! — is cloned, one this tree owns alone is changed in place) and shares
 //! every other node with the tree it came from. Cost of `insert`/`remove`:
 //! O(`MAX` · log n) pointer copies and reference-count increments, O(log n)
-//! allocations; `find`: one binary search per level, O(log n).
+//! allocations; `find`: one binary search per level, O(log n). A node keeps
+//! its keys and children inline (`arrayvec`), so a step down a level loads
+//! one pointer.
 //!
 //! Invariants (checked by `check` in the tests): keys strictly ascending in
 //! every node and across the leaves in order; an inner node's `keys[i]` is
@@ -23,6 +25,7 @@
 //! No locks, no atomics beyond `Arc`'s: a tree is changed by its one owner
 //! and shared only once it no longer changes.
 
+use arrayvec::ArrayVec;
 use std::sync::Arc;
 
 /// Most entries of a node (a power of two: `BITS` bits of a [`Pos`]).
@@ -33,20 +36,24 @@ const BITS: u32 = MAX.trailing_zeros();
 const MIN: usize = MAX / 4;
 /// Deepest tree whose positions fit a `u32` below `u32::MAX`.
 const MAX_DEPTH: u32 = 31 / BITS;
+/// A node's room: `MAX` and the one entry an insert adds before the split.
+const CAP: usize = MAX + 1;
 
 /// Where an entry sits in one tree: see the module docs.
 pub type Pos = u32;
 
+/// A node keeps its keys and children inline (`ArrayVec`), so a search
+/// step down a level is one pointer, not three.
 #[derive(Debug, Clone)]
 struct Node<T> {
-    keys: Vec<usize>,
+    keys: ArrayVec<usize, CAP>,
     kids: Kids<T>,
 }
 
 #[derive(Debug, Clone)]
 enum Kids<T> {
-    Leaf(Vec<T>),
-    Inner(Vec<Arc<Node<T>>>),
+    Leaf(ArrayVec<T, CAP>),
+    Inner(ArrayVec<Arc<Node<T>>, CAP>),
 }
 
 /// An entry [`Tree::find`] found.
@@ -88,27 +95,30 @@ impl<T> Default for Tree<T> {
     }
 }
 
-/// Index of the last key `<= key` in `keys`, and the binary-search steps.
-#[inline]
+/// Index of the last key `<= key` in `keys`, and the binary-search steps
+/// (branch-free halving: the compare feeds a conditional move, so a search
+/// for a random address costs no mispredicted branches).
+#[inline(always)]
 fn floor(keys: &[usize], key: usize) -> (Option<usize>, u32) {
-    let (mut lo, mut hi, mut steps) = (0usize, keys.len(), 0u32);
-    while lo < hi {
+    let Some(&first) = keys.first() else {
+        return (None, 0);
+    };
+    let (mut base, mut size, mut steps) = (0usize, keys.len(), 0u32);
+    while size > 1 {
         steps += 1;
-        let mid = lo + (hi - lo) / 2;
-        if keys[mid] <= key {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
+        let half = size / 2;
+        let mid = base + half;
+        base = if keys[mid] <= key { mid } else { base };
+        size -= half;
     }
-    (lo.checked_sub(1), steps)
+    ((first <= key).then_some(base), steps)
 }
 
 impl<T> Node<T> {
     fn leaf(key: usize, val: T) -> Node<T> {
         Node {
-            keys: vec![key],
-            kids: Kids::Leaf(vec![val]),
+            keys: std::iter::once(key).collect(),
+            kids: Kids::Leaf(std::iter::once(val).collect()),
         }
     }
 
@@ -119,23 +129,26 @@ impl<T> Node<T> {
     /// Splits off the upper half as a new node.
     fn split(&mut self) -> Node<T> {
         let at = self.len() / 2;
-        let keys = self.keys.split_off(at);
+        let keys = self.keys.drain(at..).collect();
         let kids = match &mut self.kids {
-            Kids::Leaf(v) => Kids::Leaf(v.split_off(at)),
-            Kids::Inner(v) => Kids::Inner(v.split_off(at)),
+            Kids::Leaf(v) => Kids::Leaf(v.drain(at..).collect()),
+            Kids::Inner(v) => Kids::Inner(v.drain(at..).collect()),
         };
         Node { keys, kids }
     }
 
-    /// Appends `other`'s entries (all its keys are above this node's; both
-    /// at the same level).
-    fn append(&mut self, other: Node<T>) {
-        self.keys.extend(other.keys);
-        match (&mut self.kids, other.kids) {
-            (Kids::Leaf(a), Kids::Leaf(b)) => a.extend(b),
-            (Kids::Inner(a), Kids::Inner(b)) => a.extend(b),
+    /// Moves `right`'s entries (all its keys above this node's, both at one
+    /// level) into this node while it has fewer than `want`; returns what
+    /// is left of `right`, if anything.
+    fn take_from(&mut self, mut right: Node<T>, want: usize) -> Option<Node<T>> {
+        let n = want.saturating_sub(self.len()).min(right.len());
+        self.keys.extend(right.keys.drain(..n));
+        match (&mut self.kids, &mut right.kids) {
+            (Kids::Leaf(a), Kids::Leaf(b)) => a.extend(b.drain(..n)),
+            (Kids::Inner(a), Kids::Inner(b)) => a.extend(b.drain(..n)),
             _ => unreachable!("siblings at one level are both leaves or both inner"),
         }
+        (right.len() > 0).then_some(right)
     }
 }
 
@@ -190,8 +203,10 @@ impl<T: Clone> Node<T> {
         }
     }
 
-    /// Merges child `i` with a neighbour, splitting the pair again in two
-    /// halves if it holds more than `MAX`.
+    /// Merges child `i` with a neighbour, or — if the two hold more than
+    /// `MAX` — shares their entries out again, neither left below `MIN`
+    /// (short left: it takes from the right up to half the total; short
+    /// right: the left's upper half joins it).
     fn rebalance(&mut self, i: usize) {
         let Kids::Inner(kids) = &mut self.kids else {
             return;
@@ -203,9 +218,16 @@ impl<T: Clone> Node<T> {
         let b = Arc::unwrap_or_clone(kids.remove(a + 1));
         self.keys.remove(a + 1);
         let left = Arc::make_mut(&mut kids[a]);
-        left.append(b);
-        if left.len() > MAX {
-            let right = left.split();
+        let total = left.len() + b.len();
+        let want = if total > MAX { total / 2 } else { total };
+        if left.len() > want {
+            // The left one is the full one: move its top half right.
+            let mut right = left.split();
+            let rest = right.take_from(b, usize::MAX);
+            debug_assert!(rest.is_none());
+            self.keys.insert(a + 1, right.keys[0]);
+            kids.insert(a + 1, Arc::new(right));
+        } else if let Some(right) = left.take_from(b, want) {
             self.keys.insert(a + 1, right.keys[0]);
             kids.insert(a + 1, Arc::new(right));
         }
@@ -220,7 +242,7 @@ impl<T> Tree<T> {
 
     /// The entry with the largest key `<= key`, and the binary-search
     /// steps taken.
-    #[inline]
+    #[inline(always)]
     pub fn find(&self, key: usize) -> (Option<Found<'_, T>>, u32) {
         let Some(mut node) = self.root.as_deref() else {
             return (None, 0);
@@ -248,7 +270,7 @@ impl<T> Tree<T> {
     }
 
     /// The entry at `pos` (from [`Tree::find`] on this tree), if any.
-    #[inline]
+    #[inline(always)]
     pub fn at(&self, pos: Pos) -> Option<&T> {
         let mut node = self.root.as_deref()?;
         let mut level = self.depth;
@@ -301,8 +323,8 @@ impl<T: Clone> Tree<T> {
         if let Some(right) = Arc::make_mut(root).insert(key, val) {
             let left = Arc::clone(root);
             *root = Arc::new(Node {
-                keys: vec![left.keys[0], right.keys[0]],
-                kids: Kids::Inner(vec![left, Arc::new(right)]),
+                keys: [left.keys[0], right.keys[0]].into_iter().collect(),
+                kids: Kids::Inner([left, Arc::new(right)].into_iter().collect()),
             });
             self.depth += 1;
         }
