@@ -188,6 +188,34 @@ pub fn file_willneed(file: &std::fs::File, offset: u64, len: usize) -> Result<()
     Ok(())
 }
 
+/// Deallocates `[offset, offset + len)` of `file` (`fallocate` with
+/// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the range reads as zeros
+/// and its blocks are freed; the file keeps its size.
+///
+/// # Errors
+/// The `fallocate` errno (`EOPNOTSUPP` on a file system without holes).
+pub fn punch_hole(file: &std::fs::File, offset: u64, len: u64) -> Result<(), crate::SysError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain call on an fd we hold open; it reads no memory of ours.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc != 0 {
+        return Err(crate::SysError {
+            op: "fallocate(PUNCH_HOLE)",
+            addr: offset as usize,
+            len: len as usize,
+            errno: crate::last_errno(),
+        });
+    }
+    Ok(())
+}
+
 /// Opens `path` read-only with `O_DIRECT`: reads bypass the page cache and
 /// go to the device (buffers, offsets and lengths must be aligned to the
 /// logical block size; 4096 always is). A file system without `O_DIRECT`

@@ -15,8 +15,9 @@
 
 use crate::config::Config;
 use crate::copyjob::CopyJob;
+use crate::dirty::Fingerprints;
 use crate::error::{FaultError, MapError};
-use crate::frame::{Frame, FrameAllocator, FramePools, Pool};
+use crate::frame::{Balloon, Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
 use crate::region::RegionTable;
@@ -58,7 +59,12 @@ pub(crate) struct Core {
     pub(crate) uffd: Uffd,
     pub(crate) pool: Pool,
     pub(crate) alloc: FramePools,
+    /// Frames of pool 0 given back to the kernel (`budget.rs`).
+    pub(crate) balloon: Balloon,
     pub(crate) table: RegionTable,
+    /// Fingerprints of the pages in frames, by frame (`dirty`), shared by
+    /// the regions of writable stores.
+    pub(crate) fps: Arc<Fingerprints>,
     pub(crate) locks: FaultLocks,
     pub(crate) stats: Stats,
     /// This process's page tables, read by the page-move protocol
@@ -127,6 +133,7 @@ impl Core {
             pagemap,
             pid: faultline_sys::host::process_id(),
             table: RegionTable::new(config.experiment.lookup_cache),
+            fps: Arc::new(Fingerprints::new(pool.pages())),
             errors: Mutex::new(VecDeque::new()),
             errors_cv: parking_lot::Condvar::new(),
             objects: Mutex::new(Vec::new()),
@@ -148,6 +155,13 @@ impl Core {
             config,
             uffd,
             pool,
+            balloon: {
+                // The parts not populated at build (room to grow) start
+                // out withheld.
+                let b = Balloon::default();
+                b.ledger().put(alloc.take_unpopulated(), true);
+                b
+            },
             alloc,
         }
     }

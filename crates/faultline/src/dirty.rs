@@ -29,10 +29,19 @@
 //! write-protect bookkeeping (an ioctl per install and per park, a fault per
 //! first write) would only cost; docs/design.md has the measurements.
 //!
-//! Storage: two `AtomicU64` per page, changed only under the page's fault
-//! lock (Relaxed: the lock orders them). `[0, 0]` means "no fingerprint"
-//! (the page is dirty until written back); a real fingerprint has bit 0 of
-//! its low word forced to 1 so it is never `[0, 0]`.
+//! Storage: by *frame*, not by page — a fingerprint is needed only while
+//! its page holds a frame (an evicted page is refilled, and fingerprinted,
+//! from the store on its next fault), so the table is sized by the frame
+//! pool (16 bytes per 4 KiB frame) and address space costs nothing. The
+//! region moves a page's fingerprint with its frame (migration, collapse)
+//! and clears it when the page lets the frame go
+//! (`RegionInner::set_state`), so a free frame has none: invariant, a
+//! non-zero entry belongs to the page holding that frame. Two `AtomicU64`
+//! per frame, changed only under the fault lock of the page holding it
+//! (Relaxed: the lock orders them; a frame changes hands through the
+//! allocator, which orders the rest). `[0, 0]` means "no fingerprint" (the
+//! page is dirty until written back); a real fingerprint has bit 0 of its
+//! low word forced to 1 so it is never `[0, 0]`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::xxh3_128;
@@ -43,35 +52,50 @@ pub fn fingerprint(bytes: &[u8]) -> u128 {
     xxh3_128(bytes) | 1
 }
 
-/// Per-page fingerprints of one region. See the module docs.
+/// Per-frame fingerprints of a manager's pool. See the module docs.
 #[derive(Debug)]
 pub(crate) struct Fingerprints {
     words: Box<[AtomicU64]>,
 }
 
 impl Fingerprints {
-    /// `pages` pages, none fingerprinted.
-    pub(crate) fn new(pages: usize) -> Fingerprints {
+    /// `frames` frames (4 KiB frame indices), none fingerprinted.
+    pub(crate) fn new(frames: usize) -> Fingerprints {
         Fingerprints {
-            words: (0..2 * pages).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..2 * frames).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    /// The fingerprint of the store's copy of `page`, if known. Caller holds
-    /// the page's lock.
-    pub(crate) fn get(&self, page: usize) -> Option<u128> {
-        let lo = self.words[2 * page].load(Ordering::Relaxed);
-        let hi = self.words[2 * page + 1].load(Ordering::Relaxed);
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.words.len() * std::mem::size_of::<AtomicU64>()
+    }
+
+    /// The fingerprint of the store's copy of the page holding `frame`, if
+    /// known. Caller holds that page's lock.
+    pub(crate) fn get(&self, frame: u32) -> Option<u128> {
+        let i = 2 * frame as usize;
+        let lo = self.words[i].load(Ordering::Relaxed);
+        let hi = self.words[i + 1].load(Ordering::Relaxed);
         let v = (u128::from(hi) << 64) | u128::from(lo);
         (v != 0).then_some(v)
     }
 
-    /// Records (or forgets) the fingerprint of the store's copy of `page`.
-    /// Caller holds the page's lock.
-    pub(crate) fn set(&self, page: usize, fp: Option<u128>) {
+    /// Records (or forgets) the fingerprint of the store's copy of the page
+    /// holding (or about to hold) `frame`. Caller holds that page's lock.
+    pub(crate) fn set(&self, frame: u32, fp: Option<u128>) {
+        let i = 2 * frame as usize;
         let v = fp.unwrap_or(0);
-        self.words[2 * page].store(v as u64, Ordering::Relaxed);
-        self.words[2 * page + 1].store((v >> 64) as u64, Ordering::Relaxed);
+        self.words[i].store(v as u64, Ordering::Relaxed);
+        self.words[i + 1].store((v >> 64) as u64, Ordering::Relaxed);
+    }
+
+    /// The page's data moved from frame `from` to frame `to`: so does its
+    /// fingerprint. Caller holds the page's lock.
+    pub(crate) fn moved(&self, from: u32, to: u32) {
+        let fp = self.get(from);
+        self.set(to, fp);
+        self.set(from, None);
     }
 }
 
@@ -80,8 +104,8 @@ mod tests {
     use super::*;
 
     impl Fingerprints {
-        fn is_clean(&self, page: usize, bytes: &[u8]) -> bool {
-            self.get(page) == Some(fingerprint(bytes))
+        fn is_clean(&self, frame: u32, bytes: &[u8]) -> bool {
+            self.get(frame) == Some(fingerprint(bytes))
         }
     }
 
@@ -97,8 +121,11 @@ mod tests {
         assert!(!f.is_clean(1, &page));
         page[4095] ^= 1;
         assert!(f.is_clean(1, &page), "old bytes restored: clean again");
-        f.set(1, None);
+        f.moved(1, 3);
+        assert!(f.is_clean(3, &page), "moves with the frame");
         assert!(!f.is_clean(1, &page));
+        f.set(3, None);
+        assert!(!f.is_clean(3, &page));
         assert_ne!(fingerprint(&[0u8; 4096]), 0);
     }
 }

@@ -201,3 +201,34 @@ pub enum AddrError {
         page: &'static str,
     },
 }
+
+/// Why [`crate::Manager::set_budget`] could not set the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BudgetError {
+    /// The budget is not a non-zero multiple of 2 MiB.
+    #[error("budget of {bytes} bytes is not a non-zero multiple of 2 MiB")]
+    Unaligned {
+        /// The budget asked for.
+        bytes: usize,
+    },
+    /// The budget is above the pool's room (`Config::budget_max`).
+    #[error(
+        "budget of {bytes} bytes is above budget_max ({max} bytes): the pool cannot grow past it"
+    )]
+    AboveMax {
+        /// The budget asked for.
+        bytes: usize,
+        /// The largest budget this manager allows.
+        max: usize,
+    },
+    /// Shrinking stopped short: what is left holds pinned, zero-store or
+    /// busy pages that reclaim cannot free.
+    #[error("budget shrank only to {reached} bytes of the {bytes} asked for: the rest holds pages reclaim cannot free (pinned, zero-store or busy)")]
+    Busy {
+        /// The budget asked for.
+        bytes: usize,
+        /// The budget now.
+        reached: usize,
+    },
+}

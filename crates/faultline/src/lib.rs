@@ -29,10 +29,12 @@
 //! Only `faultline-sys` makes system calls.
 
 mod api;
+mod budget;
 mod config;
 mod copyjob;
 mod core;
 mod dirty;
+mod discard;
 mod error;
 mod fault;
 mod fill;
@@ -54,7 +56,8 @@ pub use config::{
     Config, ConfigError, CopyMethod, Experiment, FillOrder, LockMode, LookupCache, MapOptions,
     PageSize, PoolSpec,
 };
-pub use error::{AddrError, BuildError, FaultError, MapError};
+pub use discard::Discard;
+pub use error::{AddrError, BudgetError, BuildError, FaultError, MapError};
 pub use frame::PoolId;
 pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};

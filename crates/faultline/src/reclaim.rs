@@ -29,9 +29,10 @@
 //! The page being faulted is absent, so the worker never steps it. The hand's
 //! mutex is a leaf held only to read and store the hand.
 
+use crate::budget;
 use crate::config::PageSize;
 use crate::core::Core;
-use crate::error::FaultError;
+use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
@@ -49,6 +50,12 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
         return Some(f);
     }
     if core.drain_reserve() > 0 {
+        if let Some(f) = core.alloc.alloc(order) {
+            return Some(f);
+        }
+    }
+    // Memory given back to the kernel while idle: take it back first.
+    if core.balloon.idle() > 0 && budget::deflate(core, 1 << order) > 0 {
         if let Some(f) = core.alloc.alloc(order) {
             return Some(f);
         }
@@ -103,11 +110,13 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// below the low watermark, reclaims up to the high one; while a pass frees
 /// nothing it sleeps longer, up to [`IDLE_MAX`].
 pub(crate) fn run(core: &Core) {
-    let pages = core.alloc.pages_in(0);
-    let low = pages * core.config.reclaim_low_pct / 100;
-    let high = pages * core.config.reclaim_high_pct / 100;
     let mut idle = TICK;
+    let mut above = Above::default();
     loop {
+        // The budget may change at run time (`Manager::set_budget`).
+        let pages = budget::budget_pages(core);
+        let low = pages * core.config.reclaim_low_pct / 100;
+        let high = pages * core.config.reclaim_high_pct / 100;
         {
             let mut r = core.reserve.lock();
             if !core.is_stopping() {
@@ -117,18 +126,18 @@ pub(crate) fn run(core: &Core) {
         if core.is_stopping() {
             return;
         }
-        let mut free = core.alloc.free_hint();
+        above.note(core, high);
+        let mut free = budget::free_pages(core);
         if free < low {
             // Pre-zeroed frames are free memory first (the zeroing
             // worker makes more once memory is plentiful again).
             if core.drain_reserve() > 0 {
-                free = core.alloc.free_hint();
+                free = budget::free_pages(core);
             }
         }
         if free < low {
-            let freed = reclaim(core, high - free, None, || core.alloc.free_hint() >= high);
-            // Nothing to take (pinned, zero-filled or busy pages): a pass
-            // walks every page, so back off (doubling, up to IDLE_MAX)
+            let freed = reclaim(core, high - free, None, || budget::free_pages(core) >= high);
+            // Nothing to take (pinned, zero-filled or busy pages): back off (doubling, up to IDLE_MAX)
             // instead of burning a CPU while the program idles. Faults
             // still reclaim synchronously when they need a frame.
             idle = if freed == 0 {
@@ -139,6 +148,34 @@ pub(crate) fn run(core: &Core) {
         } else {
             idle = TICK;
         }
+    }
+}
+
+/// Free memory above the high watermark that nobody takes: after
+/// [`budget::IDLE_RELEASE`] of it, the excess goes back to the kernel (a
+/// program that shrank shrinks its RSS). Free memory that falls meanwhile
+/// (faults are using it) restarts the wait.
+#[derive(Debug, Default)]
+struct Above {
+    since: Option<(std::time::Instant, usize)>,
+}
+
+impl Above {
+    fn note(&mut self, core: &Core, high: usize) {
+        let free = core.alloc.free_hint();
+        let slack = crate::frame::PAGES_PER_HUGE;
+        self.since = match self.since {
+            _ if free <= high + slack => None,
+            Some((t, was)) if free + slack >= was => {
+                if t.elapsed() < budget::IDLE_RELEASE {
+                    Some((t, was))
+                } else {
+                    budget::release_idle(core, high);
+                    None
+                }
+            }
+            _ => Some((std::time::Instant::now(), free)),
+        };
     }
 }
 
@@ -166,10 +203,13 @@ pub(crate) fn reclaim(
     // The current snapshot, borrowed: no reference count touched per region.
     let snap = core.table.snapshot();
     let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
+    // The hand visits only pages in use (`RegionInner::next_used` skips
+    // untouched address space), so two turns are about twice the pages
+    // holding frames.
     let total: usize = regions
         .iter()
         .filter(|r| worth_walking(r))
-        .map(|r| r.pages())
+        .map(|r| r.holding() + 1)
         .sum();
     if total == 0 {
         return 0;
@@ -195,12 +235,14 @@ pub(crate) fn reclaim(
             page = 0;
         }
         let r = &regions[ri];
-        if !worth_walking(r) || page >= r.pages() {
+        let next = worth_walking(r).then(|| r.next_used(page)).flatten();
+        let Some(next) = next else {
             ri += 1;
             page = 0;
             steps += 1;
             continue;
-        }
+        };
+        page = next;
         steps += 1;
         if evicted.len() >= 64 {
             core.alloc.free_bulk(&mut evicted);
@@ -335,4 +377,45 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
         }
         PageState::Absent | PageState::Poisoned | PageState::Gone => 0,
     }
+}
+
+/// How long shrinking waits for reclaim to free what it needs.
+const SHRINK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Sets the budget to `bytes` (see `Manager::set_budget`): growing gives
+/// withheld frames back to the budget, populated; shrinking withholds idle
+/// frames, then free ones, reclaiming until enough are free.
+pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
+    let huge = faultline_sys::HUGE_PAGE_SIZE;
+    if bytes < huge || bytes % huge != 0 {
+        return Err(BudgetError::Unaligned { bytes });
+    }
+    let max = core.alloc.pages_in(0) * PAGE_SIZE;
+    if bytes > max {
+        return Err(BudgetError::AboveMax { bytes, max });
+    }
+    let want = bytes / PAGE_SIZE;
+    let now = budget::budget_pages(core);
+    if want >= now {
+        // Grow: withheld frames become the budget's, populated now.
+        budget::grow(core, want - now);
+        return Ok(());
+    }
+    let mut need = now - want;
+    need -= budget::withhold_idle(core, need);
+    let deadline = std::time::Instant::now() + SHRINK_WAIT;
+    while need > 0 {
+        need -= budget::inflate(core, need, true, true);
+        if need == 0 {
+            break;
+        }
+        let freed = reclaim(core, need, None, || false);
+        if freed == 0 && std::time::Instant::now() > deadline {
+            return Err(BudgetError::Busy {
+                bytes,
+                reached: budget::budget_pages(core) * PAGE_SIZE,
+            });
+        }
+    }
+    Ok(())
 }

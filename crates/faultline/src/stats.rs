@@ -49,6 +49,9 @@ pub struct Stats {
     pub(crate) collapses: AtomicU64,
     pub(crate) migrate_left_parked: AtomicU64,
     pub(crate) unmapped_by_program: AtomicU64,
+    pub(crate) discarded: AtomicU64,
+    pub(crate) ballooned: AtomicU64,
+    pub(crate) unballooned: AtomicU64,
     pub(crate) poison_retries: AtomicU64,
     pub(crate) standby_serves: AtomicU64,
     pub(crate) errors_dropped: AtomicU64,
@@ -95,6 +98,9 @@ impl Stats {
             collapses: AtomicU64::new(0),
             migrate_left_parked: AtomicU64::new(0),
             unmapped_by_program: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
+            ballooned: AtomicU64::new(0),
+            unballooned: AtomicU64::new(0),
             poison_retries: AtomicU64::new(0),
             standby_serves: AtomicU64::new(0),
             errors_dropped: AtomicU64::new(0),
@@ -156,12 +162,17 @@ impl Stats {
             collapses: r(&self.collapses),
             migrate_left_parked: r(&self.migrate_left_parked),
             unmapped_by_program: r(&self.unmapped_by_program),
+            discarded: r(&self.discarded),
+            ballooned: r(&self.ballooned),
+            unballooned: r(&self.unballooned),
             poison_retries: r(&self.poison_retries),
             standby_serves: r(&self.standby_serves),
             errors_dropped: r(&self.errors_dropped),
             copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
             frames_prezeroed: 0,
+            metadata_bytes: 0,
+            budget_frames: 0,
             frames_total,
             frames_free,
             service: LatencySummary::of(&merged),
@@ -271,6 +282,15 @@ pub struct StatsSnapshot {
     /// Pages whose frames faultline gave up because the program unmapped
     /// them itself (`munmap`, `mremap` away; `UFFD_EVENT_UNMAP`).
     pub unmapped_by_program: u64,
+    /// Pages whose frames went back to the pool by `Region::discard`.
+    pub discarded: u64,
+    /// 4 KiB pages of the pool whose memory went back to the kernel (the
+    /// budget shrank, or free memory idled above the high watermark).
+    pub ballooned: u64,
+    /// Of those, pages taken back (refilled) since.
+    pub unballooned: u64,
+    /// The budget now, in 4 KiB frames (`Manager::set_budget`).
+    pub budget_frames: usize,
     /// Faults on poisoned pages served again (the store gets another try).
     pub poison_retries: u64,
     /// Events the standby worker handled while every worker was inside a
@@ -288,6 +308,10 @@ pub struct StatsSnapshot {
     pub frames_free: usize,
     /// Of those, 4 KiB frames in the pre-zeroed 2 MiB reserve.
     pub frames_prezeroed: usize,
+    /// Bytes of per-page metadata held now: the regions' page states (sparse:
+    /// pages in use, plus a pointer per 2 MiB of untouched 4 KiB pages) and
+    /// the per-frame fingerprints (16 bytes per pool frame).
+    pub metadata_bytes: usize,
     /// Worker service time per fault.
     pub service: LatencySummary,
 }
@@ -324,12 +348,15 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "frames      {} used, {} free ({} pre-zeroed) of {} ({} MiB pool)",
+            "frames      {} used, {} free ({} pre-zeroed) of {} ({} MiB budget); metadata {} KiB; given back to the kernel {} MiB, taken back {} MiB",
             used,
             self.frames_free,
             self.frames_prezeroed,
             self.frames_total,
-            (self.frames_total * 4096) >> 20
+            (self.budget_frames * 4096) >> 20,
+            self.metadata_bytes >> 10,
+            (self.ballooned * 4096) >> 20,
+            (self.unballooned * 4096) >> 20
         )?;
         writeln!(
             f,

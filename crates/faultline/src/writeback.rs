@@ -36,7 +36,9 @@ pub(crate) fn write_back(
     limit: Option<std::time::Duration>,
 ) -> Result<(), StoreError> {
     let mut first_err = None;
-    for page in 0..r.pages() {
+    let mut next = r.next_used(0);
+    while let Some(page) = next {
+        next = r.next_used(page + 1);
         if matches!(
             r.state(page),
             PageState::Absent | PageState::Poisoned | PageState::Gone
@@ -103,7 +105,7 @@ pub(crate) fn put(
 ) -> Result<(), StoreError> {
     let stats = &core.stats;
     let fp = crate::dirty::fingerprint(bytes);
-    if r.fps.as_ref().and_then(|f| f.get(page)) == Some(fp) {
+    if r.fingerprint(page) == Some(fp) {
         Stats::bump(&stats.clean_skipped);
         return Ok(());
     }
@@ -112,9 +114,7 @@ pub(crate) fn put(
         let _lend = core.nesting.lend(r.id, page..page + 1);
         r.store.write(page as u64, bytes)?;
     }
-    if let Some(f) = &r.fps {
-        f.set(page, Some(fp));
-    }
+    r.set_fingerprint(page, fp);
     Stats::bump(&stats.written_back);
     Ok(())
 }

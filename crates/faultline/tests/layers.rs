@@ -27,6 +27,8 @@ const LAYERS: &[&str] = &[
     "pagemove",
     "fill",
     "writeback",
+    "discard",
+    "budget",
     "reclaim",
     "migrate",
     "fault",

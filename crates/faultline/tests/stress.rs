@@ -12,8 +12,9 @@
 //! 2. [`stress_store_backed_oracle`]: the same writers over file-backed
 //!    regions (4 KiB and 2 MiB pages) four times the budget, so reclaim
 //!    parks, evicts and writes back all the time, with a flusher, the
-//!    dropper, the forker, a migrator (to a tier and back, and collapses)
-//!    and map/unmap churn of private file regions checked on disk; at the
+//!    dropper, the forker, a migrator (to a tier and back, and collapses),
+//!    a budget that shrinks and grows (`set_budget`: the balloon) and
+//!    map/unmap churn of private file regions checked on disk; at the
 //!    end a fresh manager reopens the files and every byte must match the
 //!    oracle.
 //!
@@ -396,6 +397,22 @@ fn stress_store_backed_oracle() {
                     std::thread::sleep(Duration::from_millis(5));
                 }
             });
+            // A budget that changes all the while: shrinks (reclaim, then
+            // the balloon takes the memory back to the kernel) and grows
+            // back (refilled frames).
+            s.spawn(|| {
+                let mut small = true;
+                while Instant::now() < deadline {
+                    let to = if small { 10 * MIB } else { 16 * MIB };
+                    match mm.set_budget(to) {
+                        Ok(()) | Err(faultline::BudgetError::Busy { .. }) => {}
+                        Err(e) => panic!("seed {seed}: set_budget({to}): {e}"),
+                    }
+                    small = !small;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                mm.set_budget(16 * MIB).expect("budget back");
+            });
             // Map/unmap churn: private file regions of their own, written,
             // flushed, dropped and checked on disk.
             s.spawn(|| {
@@ -477,6 +494,7 @@ fn stress_store_backed_oracle() {
             st.evicted > 0 && st.written_back > 0,
             "reclaim did not run: {st}"
         );
+        assert!(st.ballooned > 0, "the budget never shrank: {st}");
         assert!(flushes.load(Ordering::Relaxed) > 0);
         println!("stress, store-backed (seed {seed}): {st}");
         oracles

@@ -40,6 +40,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// The largest budget [`crate::Manager::set_budget`] may grow to
+    /// ([`Config::budget_max`]).
+    pub fn budget_max(mut self, bytes: usize) -> Self {
+        self.config.budget_max = Some(bytes);
+        self
+    }
+
     /// Number of fault workers ([`Config::workers`]).
     pub fn workers(mut self, n: usize) -> Self {
         self.config.workers = n;
@@ -145,6 +152,7 @@ fn pool_parts(config: &Config) -> Vec<PartSpec> {
             node: config.node,
             pool: 0,
             huge: false,
+            populate: true,
         });
     }
     if config.budget > small {
@@ -153,6 +161,18 @@ fn pool_parts(config: &Config) -> Vec<PartSpec> {
             node: config.node,
             pool: 0,
             huge: true,
+            populate: true,
+        });
+    }
+    // Room to grow (`Manager::set_budget`): not populated; the balloon
+    // holds it until the budget grows.
+    if config.pool_budget() > config.budget {
+        parts.push(PartSpec {
+            bytes: config.pool_budget() - config.budget,
+            node: config.node,
+            pool: 0,
+            huge: true,
+            populate: false,
         });
     }
     parts.extend(
@@ -165,6 +185,7 @@ fn pool_parts(config: &Config) -> Vec<PartSpec> {
                 node: p.node,
                 pool: i + 1,
                 huge: true,
+                populate: true,
             }),
     );
     parts

@@ -15,7 +15,7 @@ use super::service::Service;
 use super::ManagerBuilder;
 use crate::config::{Config, LookupCache, MapOptions, PageSize};
 use crate::core::Core;
-use crate::error::{AddrError, FaultError, MapError};
+use crate::error::{AddrError, BudgetError, FaultError, MapError};
 use crate::frame::{FrameAllocator, PoolId};
 use crate::region::RegionInner;
 use crate::stats::StatsSnapshot;
@@ -170,9 +170,25 @@ impl Manager {
         core.uffd.register(map.addr(), len, mode)?;
         let window = lock_window(core, store.as_ref(), page);
         let store: Arc<dyn Store> = Arc::new(Guarded(store));
-        let inner = Arc::new(RegionInner::new(id, map, page, store, window, opts.pinned));
+        let inner = Arc::new(
+            RegionInner::new(id, map, page, store, window, opts.pinned)
+                .with_fingerprints(&core.fps),
+        );
         core.table.insert(Arc::clone(&inner));
         Ok(inner)
+    }
+
+    /// Changes the budget to `bytes` while the manager runs: shrinking
+    /// reclaims down to it (evicting and writing back as under memory
+    /// pressure) and gives the freed memory back to the kernel; growing
+    /// (up to [`crate::Config::budget_max`]) populates more pool.
+    ///
+    /// # Errors
+    /// [`BudgetError`]: not a multiple of 2 MiB, above `budget_max`, or a
+    /// shrink that could not free enough within 5 s (pinned, zero-store or
+    /// busy pages) — the budget is then what was reached.
+    pub fn set_budget(&self, bytes: usize) -> Result<(), BudgetError> {
+        crate::reclaim::set_budget(self.core(), bytes)
     }
 
     /// Current statistics.
@@ -180,11 +196,20 @@ impl Manager {
         let c = self.core();
         // Reserve frames are free memory that happens to be zeroed already.
         let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
-        let mut snap = c
-            .stats
-            .snapshot(c.pool.pages(), c.alloc.free_pages() + reserve);
+        // Frames given back to the kernel: idle ones are free memory (taken
+        // back on demand); withheld ones are outside the budget.
+        // (Under the ledger's lock, frames in the middle of an inflate or
+        // deflate are counted once.)
+        let ledger = c.balloon.ledger();
+        let (held, withheld) = ledger.counts();
+        let free = c.alloc.free_pages() + reserve + (held - withheld);
+        drop(ledger);
+        let mut snap = c.stats.snapshot(c.pool.pages() - withheld, free);
+        snap.budget_frames = crate::budget::budget_pages(c);
         snap.locks = c.locks.stat();
         snap.frames_prezeroed = reserve;
+        let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();
+        snap.metadata_bytes = states + c.fps.bytes();
         snap
     }
 

@@ -16,6 +16,7 @@
 use super::access;
 use super::service::Service;
 use crate::config::PageSize;
+use crate::discard::Discard;
 use crate::error::{AddrError, FaultError};
 use crate::fault::{prefetch_page, Resolution};
 use crate::frame::PoolId;
@@ -193,6 +194,27 @@ impl<A: Access> Region<A> {
             }
         }
         Ok(mapped)
+    }
+
+    /// Gives the pages of bytes `range` back: their frames return to the
+    /// pool now, without a write-back, and the pages read afterwards what
+    /// `how` says — the store's copy ([`Discard::KeepStore`]: writes not
+    /// yet written back are dropped) or zeros ([`Discard::Zero`]: the
+    /// store's copy is dropped too). Returns the 4 KiB frames freed.
+    ///
+    /// # Errors
+    /// [`FaultError::BadRange`] for a range not inside the region or not
+    /// aligned to its pages; [`FaultError::Store`] if the store cannot drop
+    /// its copy (a read-only store, for `Zero`), after the frames were
+    /// freed; [`FaultError::Move`] if a page could not be taken out.
+    pub fn discard(&self, range: Range<usize>, how: Discard) -> Result<usize, FaultError> {
+        let ps = self.inner.page_size.bytes();
+        if range.start > range.end || range.start % ps != 0 || range.end % ps != 0 {
+            return Err(self.bad_range(range.start, range.end));
+        }
+        self.check(range.start, range.end - range.start)?;
+        let pages = range.start / ps..range.end / ps;
+        crate::discard::discard(&self.service.core, &self.inner, pages, how)
     }
 
     /// The copy plan of the config: `migrate_copy`, `migrate_threads`,

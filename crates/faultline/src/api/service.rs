@@ -129,12 +129,13 @@ impl Drop for Service {
         if self.shutdown.signal().is_ok() && self.join_bounded() {
             self.core.drain_reserve();
             // Every region is gone (each held this service), so every frame
-            // is free again: `free + in flight + mapped = pool pages` with the
-            // last two zero. Checked in debug builds (the tests).
+            // is free again or in the balloon: `free + in flight + mapped +
+            // ballooned = pool pages` with the middle two zero. Checked in
+            // debug builds (the tests).
             if cfg!(debug_assertions) && !std::thread::panicking() {
                 self.core.alloc.check();
                 debug_assert_eq!(
-                    self.core.alloc.free_pages(),
+                    self.core.alloc.free_pages() + self.core.balloon.counts().0,
                     self.core.pool.pages(),
                     "frames leaked at shutdown"
                 );

@@ -64,10 +64,12 @@ fn teardown(core: &Core, r: &RegionInner) {
         }
     }
     let mut freed: Vec<Frame> = Vec::new();
-    let mut next = 0;
-    while next < r.pages() {
-        let w = r.window(next);
-        next = w.end;
+    // Only windows with pages in use (sparse: an untouched terabyte costs
+    // a walk of its leaf pointers).
+    let mut next = r.next_used(0);
+    while let Some(p) = next {
+        let w = r.window(p);
+        next = r.next_used(w.end);
         free_window(core, r, w, &mut freed);
     }
     core.alloc.free_bulk(&mut freed);

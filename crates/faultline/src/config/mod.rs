@@ -58,6 +58,12 @@ pub struct Config {
     /// Bytes of frames faultline may hold (the pool size), a multiple of
     /// 2 MiB. Default 256 MiB.
     pub budget: usize,
+    /// The largest budget [`crate::Manager::set_budget`] may grow to, a
+    /// multiple of 2 MiB at least `budget`; `None` (default): `budget`. The
+    /// pool's address space is this large, but only `budget` of it is
+    /// populated at build; the rest costs no memory until the budget grows
+    /// and faults use it.
+    pub budget_max: Option<usize>,
     /// Fault-service worker threads. Default: one per online CPU.
     pub workers: usize,
     /// Pin worker `i` to CPU `i % cpus`. On by default: a worker on the
@@ -122,6 +128,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             budget: 256 << 20,
+            budget_max: None,
             workers: faultline_sys::host::online_cpus().max(1),
             pin_workers: true,
             fault_around: 16,
@@ -243,8 +250,16 @@ impl Config {
                 budget: self.budget,
             });
         }
+        let max = self.pool_budget();
+        if max < self.budget || max % HUGE_PAGE_SIZE != 0 {
+            return Err(ConfigError::OutOfRange {
+                field: "budget_max",
+                value: max,
+                why: "a multiple of 2 MiB, at least the budget",
+            });
+        }
         let physical = faultline_sys::host::physical_memory();
-        let total = self.extra_pools.iter().try_fold(self.budget, |t, p| {
+        let total = self.extra_pools.iter().try_fold(max, |t, p| {
             if p.bytes < HUGE_PAGE_SIZE || p.bytes % HUGE_PAGE_SIZE != 0 {
                 Err(ConfigError::OutOfRange {
                     field: "extra_pools.bytes",
@@ -261,14 +276,22 @@ impl Config {
                 physical,
             });
         }
+        // Only the populated part needs room now.
+        let populated = total - (max - self.budget);
         match faultline_sys::host::memory_room() {
-            Some((room, limit)) if total > room => Err(ConfigError::NoRoom {
-                bytes: total,
+            Some((room, limit)) if populated > room => Err(ConfigError::NoRoom {
+                bytes: populated,
                 room,
                 limit,
             }),
             _ => Ok(()),
         }
+    }
+
+    /// Bytes of pool 0's address space: [`Config::budget_max`], or the
+    /// budget.
+    pub fn pool_budget(&self) -> usize {
+        self.budget_max.unwrap_or(self.budget)
     }
 
     /// Every other field's range.

@@ -137,11 +137,15 @@ fn fill_unit(
         Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
         Ok(FillSource::Store) => {
             Stats::bump(&core.stats.fills_store);
-            if let Some(fps) = &region.fps {
+            if region.tracks_dirt() {
+                let per_unit = (unit / PAGE_SIZE) as u32;
+                let first = u.frame.index();
                 // SAFETY: this worker owns the in-flight frame.
                 let bytes = unsafe { core.pool.bytes_mut(&mut u.frame) };
-                for (i, p) in bytes.chunks(unit).enumerate() {
-                    fps.set(u.first + i, Some(crate::dirty::fingerprint(p)));
+                for (i, p) in (0u32..).zip(bytes.chunks(unit)) {
+                    // The pages take these frames in `map_in`; a move that
+                    // fails clears them again (`set_state`).
+                    region.fingerprint_frame(first + i * per_unit, crate::dirty::fingerprint(p));
                 }
             }
         }

@@ -8,8 +8,8 @@
 //! it again (before this, dropping the `Region` later moved pages out of it
 //! and unmapped it, wiping the new mapping).
 //!
-//! For each region page the range touches, under its fault lock, faultline
-//! gives up the page's frame: the slot is repopulated (the frame's physical
+//! For each region page in use that the range touches (and each page it
+//! cuts), under its fault lock, faultline gives up the page's frame: the slot is repopulated (the frame's physical
 //! pages went with the range, were freed, or — for what is left of a 2 MiB
 //! page the program unmapped only part of — stay in the region as the
 //! program's own memory) and the frame freed. A parked page's data in the
@@ -47,7 +47,7 @@ pub(crate) fn unmapped(core: &Core, start: usize, end: usize, stamp: u64) {
         }
         let (s, e) = (start.max(r.start()), end.min(r.end()));
         r.map.mark_gone(s, e);
-        for page in r.page_of(s)..=r.page_of(e - 1) {
+        for page in pages_to_give_up(r, s, e) {
             let (domain, key) = r.lock_key(page);
             let _g = core.locks.lock(domain, key);
             give_up(core, r, page, s, e);
@@ -56,6 +56,28 @@ pub(crate) fn unmapped(core: &Core, start: usize, end: usize, stamp: u64) {
         // the kernel's answer for an unmapped address.
         let _ = core.uffd.wake(s, e - s);
     }
+}
+
+/// The pages of `r` that `[s, e)` concerns: those in use, and the pages it
+/// cuts (a hole in a 2 MiB page). An absent page wholly inside stays
+/// absent: its range is registered no more, so no fault can come for it,
+/// and marking it would cost page-state memory for address space nobody
+/// uses (a terabyte region unmapped whole).
+fn pages_to_give_up(r: &RegionInner, s: usize, e: usize) -> Vec<usize> {
+    let (first, last) = (r.page_of(s), r.page_of(e - 1));
+    let mut pages: Vec<usize> = Vec::new();
+    let mut next = r.next_used(first);
+    while let Some(p) = next.filter(|&p| p <= last) {
+        pages.push(p);
+        next = r.next_used(p + 1);
+    }
+    let cut = |p: usize| r.page_addr(p) < s || r.page_addr(p) + r.page_size.bytes() > e;
+    for p in [first, last] {
+        if cut(p) && !pages.contains(&p) {
+            pages.push(p);
+        }
+    }
+    pages
 }
 
 /// Gives up `page`'s frame (see the module docs); caller holds its lock.

@@ -9,15 +9,18 @@
 //!
 //! Invariants:
 //! - `pages * 4096 == len(mapping)`, `pages % 512 == 0`.
-//! - A slot is populated unless its frame is mapped in a region: moving a
-//!   frame into a region leaves a hole, moving it back fills the hole. Free
-//!   and in-flight frames are therefore always populated, and only their
-//!   owner writes them.
+//! - A slot is populated unless its frame is mapped in a region or held by
+//!   the balloon (released to the kernel: `budget.rs`): moving a frame into
+//!   a region leaves a hole, moving it back fills the hole; the balloon
+//!   refills a frame's holes before it frees it. Free and in-flight frames
+//!   are therefore always populated, and only their owner writes them.
 //! - `zeroed[i]` is set only while slot `i` is populated and all zero: the
 //!   pool starts zeroed; a frame returned from a region is not.
 //!
-//! The pool is never unmapped or `MADV_DONTNEED`ed while the manager lives:
-//! freed guest memory goes cold on this VM (10-20x slower to touch again).
+//! The pool is never unmapped while the manager lives, and `MADV_DONTNEED`
+//! reaches only frames the balloon owns: freed guest memory goes cold on
+//! this VM (10-20x slower to touch again), so memory goes back to the kernel
+//! only when the budget shrinks or the pool idles above its watermark.
 //! - `pmd_mapped[b]` is true while block `b`'s pages are one PMD-mapped THP
 //!   in the pool (or in a region, for a 2 MiB frame); the first 4 KiB move
 //!   out of such a block splits it for good, under `split_lock`.
@@ -152,7 +155,15 @@ impl Pool {
             huge_blocks.extend((0..p.bytes / HUGE_PAGE_SIZE).map(|_| thp && p.huge));
             at += p.bytes;
         }
-        map.advise(map.addr(), bytes, Advice::PopulateWrite)?;
+        // Populate what is in use from the start (parts left out are the
+        // balloon's: `budget.rs`).
+        let mut at = map.addr();
+        for p in parts {
+            if p.populate {
+                map.advise(at, p.bytes, Advice::PopulateWrite)?;
+            }
+            at += p.bytes;
+        }
         uffd.register(
             map.addr(),
             bytes,
@@ -162,8 +173,15 @@ impl Pool {
             },
         )?;
         let pages = bytes / PAGE_SIZE;
-        let zeroed = (0..pages.div_ceil(64))
-            .map(|_| AtomicU64::new(u64::MAX))
+        // Populated parts start zeroed; holes are not "zeroed" (a zeroed
+        // frame may be moved without being written).
+        let zeroed = parts
+            .iter()
+            .flat_map(|p| {
+                let words = p.bytes / PAGE_SIZE / 64;
+                let v = if p.populate { u64::MAX } else { 0 };
+                (0..words).map(move |_| AtomicU64::new(v))
+            })
             .collect();
         let pmd_mapped = huge_blocks.into_iter().map(AtomicBool::new).collect();
         Ok(Pool {
@@ -292,6 +310,30 @@ impl Pool {
             pm.huge_bytes(addr, addr + HUGE_PAGE_SIZE)
                 .is_ok_and(|b| b == HUGE_PAGE_SIZE)
         })
+    }
+
+    /// Gives the frame's memory back to the kernel (`MADV_DONTNEED`): its
+    /// slots become holes, so the frame is neither free nor usable until
+    /// [`Pool::refilled`] (after `pagemove::fill_holes`). For the balloon
+    /// (`budget.rs`), which owns the frame.
+    pub fn release(&self, frame: &Frame) -> Result<(), SysError> {
+        self.set_zeroed(frame, false);
+        // SAFETY: the caller owns the frame (taken from the allocator):
+        // nobody reads, writes or moves its slots, and nothing references
+        // them; dropping their content is the point.
+        unsafe { self.map.discard(self.addr_of(frame), frame.bytes()) }
+    }
+
+    /// A released frame's slots were refilled with zero pages: it is whole
+    /// and zero again. A 2 MiB block asks the page tables whether it came
+    /// back as one THP (the split lock's bit; see [`Pool::split_guard`]).
+    pub fn refilled(&self, frame: &Frame) {
+        self.set_zeroed(frame, true);
+        if frame.order() >= HUGE_ORDER {
+            let huge = self.thp && self.is_huge_mapped(self.addr_of(frame));
+            // Release pairs with the Acquire loads in `split_guard`.
+            self.pmd_mapped[frame.index() as usize / PAGES_PER_HUGE].store(huge, Ordering::Release);
+        }
     }
 
     /// Populates the holes of a whole 2 MiB block of slots at `addr`

@@ -47,6 +47,9 @@ pub struct PartSpec {
     pub pool: PoolId,
     /// Backed by transparent huge pages (false: the small-page zone).
     pub huge: bool,
+    /// Populated at build; if not, every frame of the part starts out held
+    /// by the balloon ([`FramePools::take_unpopulated`]).
+    pub populate: bool,
 }
 
 #[derive(Debug)]
@@ -55,6 +58,7 @@ struct Part {
     pages: usize,
     pool: PoolId,
     huge: bool,
+    populate: bool,
     alloc: FrameAlloc,
 }
 
@@ -80,6 +84,7 @@ impl FramePools {
                     pages: n,
                     pool: s.pool,
                     huge: s.huge,
+                    populate: s.populate,
                     alloc: FrameAlloc::new(n, config),
                 };
                 base += n;
@@ -145,6 +150,21 @@ impl FramePools {
             .filter(|p| p.pool == pool)
             .map(|p| p.alloc.free_pages())
             .sum()
+    }
+
+    /// Takes every frame of the parts not populated at build out of their
+    /// allocators (as 2 MiB frames), for the balloon to hold.
+    pub fn take_unpopulated(&self) -> Vec<Frame> {
+        let mut out = Vec::new();
+        for p in self.parts.iter().filter(|p| !p.populate) {
+            let start = out.len();
+            let blocks = p.pages / super::PAGES_PER_HUGE;
+            p.alloc.alloc_bulk(super::HUGE_ORDER, blocks, &mut out);
+            for f in &mut out[start..] {
+                *f = globalize(p.base, Frame::from_parts(f.index(), f.order()));
+            }
+        }
+        out
     }
 
     /// A frame of `order` from pool `pool`, or `None` if it has no free run
@@ -253,6 +273,7 @@ mod tests {
                 node: None,
                 pool: i,
                 huge: true,
+                populate: true,
             })
             .collect();
         FramePools::new(
@@ -290,6 +311,7 @@ mod tests {
             node: None,
             pool: 0,
             huge,
+            populate: true,
         };
         let p = FramePools::new(
             &[z(true), z(false)],

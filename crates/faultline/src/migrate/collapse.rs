@@ -42,7 +42,9 @@ pub(crate) fn collapse(
         // Already one frame, mapped by one PMD.
         return Ok(false);
     }
-    let Some(huge) = core.alloc.alloc_in(pool, HUGE_ORDER) else {
+    let mut one = Vec::with_capacity(1);
+    crate::budget::alloc_bulk_in(core, pool, HUGE_ORDER, 1, &mut one);
+    let Some(huge) = one.pop() else {
         return Err(MigrateError::PoolFull {
             pool,
             addr,

@@ -277,7 +277,7 @@ fn migrate_batch(
     }
     let order = r.page_size.order();
     let mut new = Vec::with_capacity(todo.len());
-    if core.alloc.alloc_bulk_in(pool, order, todo.len(), &mut new) < todo.len() {
+    if crate::budget::alloc_bulk_in(core, pool, order, todo.len(), &mut new) < todo.len() {
         let pages = todo.len() << order;
         core.alloc.free_bulk(&mut new);
         return Err(MigrateError::PoolFull {

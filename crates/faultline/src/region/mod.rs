@@ -7,7 +7,8 @@
 //! ~120 µs waste of DESIGN.md) and `MADV_DONTFORK` (so its frames stay
 //! exclusive to this process, which `UFFDIO_MOVE` requires).
 //!
-//! Per-page state, one `AtomicU32` per page:
+//! Per-page state, one `AtomicU32` word per page, stored sparsely
+//! ([`states`]: untouched address space costs almost nothing):
 //! `0 = absent`, `POISONED = poisoned`, otherwise `frame index + 1`, with
 //! bit 31 set while the page is *parked* (soft-unmapped by reclaim: its data
 //! sits in its frame's pool slot, and a touch faults it back cheaply). Invariant: a page's state changes
@@ -22,13 +23,15 @@
 //! before teardown visits it (and teardown moves it back), or it sees `dying`
 //! and only wakes.
 
+mod states;
 pub mod table;
 mod tree;
 
 use crate::config::PageSize;
+use crate::dirty::Fingerprints;
 use crate::store::Store;
 use faultline_sys::mem::Mapping;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub use table::RegionTable;
@@ -56,6 +59,24 @@ pub enum PageState {
     Gone,
 }
 
+fn decode(v: u32) -> PageState {
+    match v {
+        0 => PageState::Absent,
+        POISONED => PageState::Poisoned,
+        GONE => PageState::Gone,
+        f if f & PARKED != 0 => PageState::Parked((f & !PARKED) - 1),
+        f => PageState::Resident(f - 1),
+    }
+}
+
+/// The frame a page in `state` holds, if any.
+fn frame_of(state: PageState) -> Option<u32> {
+    match state {
+        PageState::Resident(f) | PageState::Parked(f) => Some(f),
+        PageState::Absent | PageState::Poisoned | PageState::Gone => None,
+    }
+}
+
 /// The shared part of a region: what the fault path needs.
 #[derive(Debug)]
 pub struct RegionInner {
@@ -66,10 +87,13 @@ pub struct RegionInner {
     /// log2 of the fault-around window in pages (0: none). A window is also
     /// the unit of fault locking: `lock_key(p) = p >> window_shift`.
     window_shift: u32,
-    pages: Box<[AtomicU32]>,
-    /// Fingerprints of the store's copy of each page, for a writable store
-    /// (dirty tracking: [`crate::dirty`]).
-    pub(crate) fps: Option<crate::dirty::Fingerprints>,
+    pages: states::PageStates,
+    /// Fingerprints of the store's copy of each page in use, kept by frame
+    /// (the manager's table, shared by its regions), for a writable store
+    /// (dirty tracking: [`crate::dirty`]). `set_state` moves a page's
+    /// fingerprint with its frame and clears it when the page lets its
+    /// frame go.
+    fps: Option<Arc<Fingerprints>>,
     dying: AtomicBool,
     /// Pages holding a frame (resident or parked), kept by `set_state`:
     /// reclaim skips regions without any.
@@ -92,20 +116,28 @@ impl RegionInner {
         pinned: bool,
     ) -> RegionInner {
         let n = map.len() / page_size.bytes();
-        let fps = store.writable().then(|| crate::dirty::Fingerprints::new(n));
         RegionInner {
             id,
             map,
             page_size,
             store,
             window_shift: window.max(1).trailing_zeros(),
-            pages: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            fps,
+            pages: states::PageStates::new(n),
+            fps: None,
             dying: AtomicBool::new(false),
             holding: AtomicUsize::new(0),
             pinned,
             streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
+    }
+
+    /// Tracks dirtiness with `fps`, the manager's per-frame table (a region
+    /// of a writable store without one writes every page it evicts).
+    pub(crate) fn with_fingerprints(mut self, fps: &Arc<Fingerprints>) -> RegionInner {
+        if self.store.writable() {
+            self.fps = Some(Arc::clone(fps));
+        }
+        self
     }
 
     /// First byte.
@@ -126,6 +158,16 @@ impl RegionInner {
     /// Number of pages.
     pub fn pages(&self) -> usize {
         self.pages.len()
+    }
+
+    /// Bytes of page-state metadata held now (sparse: see [`states`]).
+    pub fn state_bytes(&self) -> usize {
+        self.pages.bytes()
+    }
+
+    /// The first page at or after `from` in any state but absent.
+    pub(crate) fn next_used(&self, from: usize) -> Option<usize> {
+        self.pages.next_used(from)
     }
 
     /// Index of the page holding `addr` (which must lie inside).
@@ -167,12 +209,35 @@ impl RegionInner {
 
     /// State of page `page`. Exact under the page's fault lock.
     pub fn state(&self, page: usize) -> PageState {
-        match self.pages[page].load(Ordering::Acquire) {
-            0 => PageState::Absent,
-            POISONED => PageState::Poisoned,
-            GONE => PageState::Gone,
-            f if f & PARKED != 0 => PageState::Parked((f & !PARKED) - 1),
-            f => PageState::Resident(f - 1),
+        decode(self.pages.load(page))
+    }
+
+    /// The fingerprint of the store's copy of `page`, which holds a frame.
+    /// Caller holds the page's lock.
+    pub(crate) fn fingerprint(&self, page: usize) -> Option<u128> {
+        let fps = self.fps.as_ref()?;
+        frame_of(self.state(page)).and_then(|f| fps.get(f))
+    }
+
+    /// Whether the region keeps fingerprints (a writable store).
+    pub(crate) fn tracks_dirt(&self) -> bool {
+        self.fps.is_some()
+    }
+
+    /// Records the fingerprint of the store's copy of the page that is
+    /// about to take `frame` (a fill, before the page is recorded in use).
+    /// Caller holds the page's lock and owns the in-flight frame.
+    pub(crate) fn fingerprint_frame(&self, frame: u32, fp: u128) {
+        if let Some(fps) = &self.fps {
+            fps.set(frame, Some(fp));
+        }
+    }
+
+    /// Records the fingerprint of the store's copy of `page`, which holds a
+    /// frame. Caller holds the page's lock.
+    pub(crate) fn set_fingerprint(&self, page: usize, fp: u128) {
+        if let (Some(fps), Some(f)) = (&self.fps, frame_of(self.state(page))) {
+            fps.set(f, Some(fp));
         }
     }
 
@@ -185,19 +250,26 @@ impl RegionInner {
             PageState::Resident(f) => f + 1,
             PageState::Parked(f) => (f + 1) | PARKED,
         };
-        // AcqRel: its Release half pairs with the Acquire load in `state`
-        // (as the plain store did); the old value keeps `holding` exact.
-        let old = self.pages[page].swap(v, Ordering::AcqRel);
-        let holds = |x: u32| x != 0 && x != POISONED && x != GONE;
+        // The store's Release pairs with the Acquire load in `state`; the
+        // old value keeps `holding` and the fingerprints exact.
+        let old = frame_of(decode(self.pages.swap(page, v)));
+        let new = frame_of(state);
         // Relaxed: a count read as a hint by reclaim.
-        match (holds(old), holds(v)) {
-            (false, true) => {
+        match (old, new) {
+            (None, Some(_)) => {
                 self.holding.fetch_add(1, Ordering::Relaxed);
             }
-            (true, false) => {
+            (Some(_), None) => {
                 self.holding.fetch_sub(1, Ordering::Relaxed);
             }
             _ => {}
+        }
+        if let Some(fps) = &self.fps {
+            match (old, new) {
+                (Some(a), Some(b)) if a != b => fps.moved(a, b),
+                (Some(a), None) => fps.set(a, None),
+                _ => {}
+            }
         }
     }
 
@@ -210,13 +282,13 @@ impl RegionInner {
     /// Number of resident pages (a racy count, exact when no fault is in
     /// flight).
     pub fn resident(&self) -> usize {
-        self.pages
-            .iter()
-            .filter(|p| {
-                let v = p.load(Ordering::Acquire);
-                v != 0 && v != POISONED && v != GONE && v & PARKED == 0
-            })
-            .count()
+        let mut n = 0;
+        let mut next = self.next_used(0);
+        while let Some(p) = next {
+            n += usize::from(matches!(self.state(p), PageState::Resident(_)));
+            next = self.next_used(p + 1);
+        }
+        n
     }
 
     /// Extends a run of pages from `page` (whose lock the caller holds): the

@@ -144,6 +144,29 @@ impl Store for File {
         );
     }
 
+    fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
+        if !self.writable {
+            return Err(StoreError::Unsupported {
+                store: "read-only file",
+                op: "discard",
+            });
+        }
+        let len = pages.saturating_mul(page_size as u64);
+        match faultline_sys::host::punch_hole(&self.file, self.at(first, page_size), len) {
+            Ok(()) => Ok(()),
+            // No holes on this file system: write zeros.
+            Err(e) if e.errno == libc::EOPNOTSUPP => {
+                let zeros = vec![0u8; page_size];
+                (first..first + pages).try_for_each(|p| self.write(p, &zeros))
+            }
+            Err(e) => Err(StoreError::Io {
+                op: "discard",
+                page: first,
+                source: std::io::Error::from_raw_os_error(e.errno),
+            }),
+        }
+    }
+
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         if !self.writable {

@@ -23,7 +23,7 @@ pub enum StoreError {
     /// An I/O error on a page.
     #[error("store {op} of page {page} failed: {source}")]
     Io {
-        /// `"read"`, `"write"` or `"flush"`.
+        /// `"read"`, `"write"`, `"flush"` or `"discard"`.
         op: &'static str,
         /// Page index within the region.
         page: u64,
@@ -46,7 +46,7 @@ pub enum StoreError {
     /// worker that called it lives on and the page gets this error.
     #[error("store {op} of page {page} panicked: {message}")]
     Panicked {
-        /// `"read"`, `"write"` or `"flush"`.
+        /// `"read"`, `"write"`, `"flush"` or `"discard"`.
         op: &'static str,
         /// Page index within the region (0 for `flush`).
         page: u64,
@@ -119,6 +119,21 @@ pub trait Store: Send + Sync + Debug {
     /// Any [`StoreError`]: the page stays dirty, in memory, and the error is
     /// returned by the flush (or queued, for eviction and drop).
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError>;
+
+    /// Drops the store's copy of pages `[first, first + pages)` (of
+    /// `page_size` bytes): they read as zeros afterwards
+    /// ([`crate::Discard::Zero`]). The default writes zero pages; a store
+    /// with a cheaper way (a file punches a hole) overrides it.
+    ///
+    /// # Errors
+    /// Any [`StoreError`] (a store that cannot be written refuses).
+    fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
+        let zeros = vec![0u8; page_size];
+        for p in first..first + pages {
+            self.write(p, &zeros)?;
+        }
+        Ok(())
+    }
 
     /// Makes every completed `write` durable.
     ///
@@ -239,6 +254,9 @@ impl Store for Guarded {
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         self.call("write", page, || self.0.write(page, buf))
     }
+    fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
+        self.call("discard", first, || self.0.discard(first, pages, page_size))
+    }
     fn flush(&self) -> Result<(), StoreError> {
         self.call("flush", 0, || self.0.flush())
     }
@@ -292,6 +310,10 @@ impl<S: Store> Store for Delayed<S> {
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         self.inner.write(page, buf)
+    }
+
+    fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
+        self.inner.discard(first, pages, page_size)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

@@ -110,6 +110,10 @@ pub fn run_in_child(name: &str, marker: &str) {
         .output()
         .expect("spawn child");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // The child's figures, for `--nocapture` runs.
+    for line in stdout.lines().filter(|l| !l.is_empty()) {
+        println!("child: {line}");
+    }
     assert!(
         out.status.success() && stdout.contains(marker),
         "child failed ({}): {stdout} {}",

@@ -1,0 +1,164 @@
+//! The budget at run time (issue 17): `Manager::set_budget` shrinks (reclaim
+//! evicts down to it and the memory goes back to the kernel) and grows (up
+//! to `budget_max`, populating more pool), with every byte of a file region
+//! still right; free memory that idles above the high watermark goes back
+//! to the kernel, so a program that shrinks shrinks its RSS. RSS is
+//! measured in a child process per test. Needs userfaultfd with
+//! `UFFDIO_MOVE` (root); fails with the reason otherwise.
+
+mod common;
+
+use common::{config, in_child, manager_with, map_file, run_in_child, ScratchDir, MIB};
+use faultline::store::{Delayed, Zero};
+use faultline::{BudgetError, MapOptions, Region};
+use std::time::{Duration, Instant};
+
+const PAGE: usize = 4096;
+
+/// This process's resident set, in bytes.
+fn rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib << 10
+}
+
+fn stamp(p: usize, round: u64) -> u64 {
+    (p as u64) << 8 | round
+}
+
+fn write_all(r: &Region, round: u64) {
+    for p in 0..r.len() / PAGE {
+        r.store_u64(p * PAGE, stamp(p, round)).expect("write");
+    }
+}
+
+fn check_all(r: &Region, round: u64) {
+    for p in 0..r.len() / PAGE {
+        assert_eq!(
+            r.load_u64(p * PAGE).expect("read"),
+            stamp(p, round),
+            "page {p}"
+        );
+    }
+}
+
+#[test]
+fn shrink_and_grow_keep_every_byte() {
+    if !in_child() {
+        return run_in_child("shrink_and_grow_keep_every_byte", "budget ok");
+    }
+    let dir = ScratchDir::new("budget");
+    let path = dir.file("data", &vec![0u8; 96 * MIB]);
+    let mut c = config(64 * MIB);
+    c.budget_max = Some(128 * MIB);
+    let mm = manager_with(c);
+    let r = map_file(&mm, &path, 96 * MIB / PAGE);
+    write_all(&r, 1);
+    let before = rss();
+    let t0 = Instant::now();
+    mm.set_budget(32 * MIB).expect("shrink");
+    let s = mm.stats();
+    println!(
+        "shrink 64 -> 32 MiB: {:?}, RSS {} -> {} MiB, resident {} pages",
+        t0.elapsed(),
+        before >> 20,
+        rss() >> 20,
+        r.resident_pages()
+    );
+    assert_eq!(s.budget_frames, 32 * MIB / PAGE, "{s}");
+    assert!(r.resident_pages() <= 32 * MIB / PAGE);
+    assert!(
+        rss() + 24 * MIB <= before,
+        "RSS {} -> {} MiB",
+        before >> 20,
+        rss() >> 20
+    );
+    check_all(&r, 1);
+    write_all(&r, 2);
+    assert!(r.resident_pages() <= 32 * MIB / PAGE);
+    let t0 = Instant::now();
+    mm.set_budget(128 * MIB).expect("grow");
+    println!("grow 32 -> 128 MiB: {:?}", t0.elapsed());
+    check_all(&r, 2);
+    assert_eq!(r.resident_pages(), 96 * MIB / PAGE, "all of it fits now");
+    assert_eq!(mm.stats().budget_frames, 128 * MIB / PAGE);
+    assert!(matches!(
+        mm.set_budget(130 * MIB),
+        Err(BudgetError::AboveMax { max, .. }) if max == 128 * MIB
+    ));
+    assert!(matches!(
+        mm.set_budget(3 * MIB),
+        Err(BudgetError::Unaligned { .. })
+    ));
+    r.flush().expect("flush");
+    assert!(mm.take_error().is_none());
+    println!("budget ok");
+}
+
+#[test]
+fn a_shrink_that_cannot_free_enough_says_so() {
+    let mm = manager_with(config(40 * MIB));
+    let pinned = mm
+        .map(
+            32 * MIB,
+            Delayed::new(Zero, Duration::ZERO),
+            MapOptions::new().pinned(true),
+        )
+        .expect("pinned map");
+    for off in (0..pinned.len()).step_by(PAGE) {
+        pinned.store_u64(off, off as u64).expect("write");
+    }
+    match mm.set_budget(16 * MIB) {
+        Err(BudgetError::Busy { bytes, reached }) => {
+            assert_eq!(bytes, 16 * MIB);
+            assert!(
+                (32 * MIB..=40 * MIB).contains(&reached),
+                "reached {reached}"
+            );
+        }
+        other => panic!("pinned pages cannot be reclaimed: {other:?}"),
+    }
+    for off in (0..pinned.len()).step_by(PAGE) {
+        assert_eq!(pinned.load_u64(off).expect("read"), off as u64);
+    }
+}
+
+#[test]
+fn idle_free_memory_goes_back_to_the_kernel() {
+    if !in_child() {
+        return run_in_child("idle_free_memory_goes_back_to_the_kernel", "idle ok");
+    }
+    let mm = manager_with(config(64 * MIB));
+    let r = mm.map(48 * MIB, Zero, MapOptions::new()).expect("map");
+    write_all(&r, 3);
+    let used = rss();
+    drop(r);
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = rss();
+    let s = mm.stats();
+    println!(
+        "RSS {} MiB in use, {} MiB 2.5 s after the drop; {s}",
+        used >> 20,
+        after >> 20
+    );
+    assert!(s.ballooned > 0, "{s}");
+    assert!(
+        after + 32 * MIB <= used,
+        "RSS {} -> {} MiB",
+        used >> 20,
+        after >> 20
+    );
+    assert_eq!(s.frames_free, s.frames_total, "nothing leaked: {s}");
+    // And the memory comes back when wanted.
+    let r = mm
+        .map(48 * MIB, Zero, MapOptions::new())
+        .expect("map again");
+    write_all(&r, 4);
+    check_all(&r, 4);
+    assert!(mm.stats().unballooned > 0);
+    println!("idle ok");
+}
