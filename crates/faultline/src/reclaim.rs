@@ -200,12 +200,11 @@ pub(crate) fn reclaim(
     held: Option<usize>,
     enough: impl Fn() -> bool,
 ) -> usize {
-    // The current snapshot, borrowed: no reference count touched per region.
+    // The snapshot, borrowed (no reference count touched per region). The
+    // hand visits only pages in use (`RegionInner::next_used`): two turns
+    // are about twice the pages holding frames.
     let snap = core.table.snapshot();
     let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
-    // The hand visits only pages in use (`RegionInner::next_used` skips
-    // untouched address space), so two turns are about twice the pages
-    // holding frames.
     let total: usize = regions
         .iter()
         .filter(|r| worth_walking(r))
