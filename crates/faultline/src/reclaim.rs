@@ -39,6 +39,7 @@ use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::writeback;
 use faultline_sys::PAGE_SIZE;
+use std::sync::Arc;
 
 /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
 /// reserve back to the allocator (its frames stay marked zero), then
@@ -105,7 +106,7 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
 /// unservable fault is then refused at once (SIGBUS, cause queued), not
 /// after the wait.
 fn nothing_to_wait_for(core: &Core) -> bool {
-    let regions = core.table.regions();
+    let regions = core.table.snapshot();
     !regions.iter().any(|r| reclaimable(r))
         || (!regions.iter().any(|r| worth_walking(r)) && core.nesting.busy() <= 1)
 }
@@ -213,10 +214,11 @@ pub(crate) fn reclaim(
     held: Option<usize>,
     enough: impl Fn() -> bool,
 ) -> usize {
-    let regions = core.table.regions();
-    // The hand visits only pages in use (`RegionInner::next_used` skips
-    // untouched address space), so two turns are about twice the pages
-    // holding frames.
+    // The snapshot, borrowed (no reference count touched per region). The
+    // hand visits only pages in use (`RegionInner::next_used`): two turns
+    // are about twice the pages holding frames.
+    let snap = core.table.snapshot();
+    let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
     let total: usize = regions
         .iter()
         .filter(|r| worth_walking(r))

@@ -208,7 +208,7 @@ impl Manager {
         snap.budget_frames = crate::budget::budget_pages(c);
         snap.locks = c.locks.stat();
         snap.frames_prezeroed = reserve;
-        let states: usize = c.table.regions().iter().map(|r| r.state_bytes()).sum();
+        let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();
         snap.metadata_bytes = states + c.fps.bytes();
         snap
     }

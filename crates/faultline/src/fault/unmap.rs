@@ -38,16 +38,19 @@ use faultline_sys::PAGE_SIZE;
 /// the read cannot lie in the range: the old region still covers it, and
 /// `Manager::map` never places a region over another.)
 pub(crate) fn unmapped(core: &Core, start: usize, end: usize, stamp: u64) {
-    for r in core.table.regions() {
-        if r.end() <= start || end <= r.start() || r.id >= stamp {
+    // Only the regions the range overlaps: O(log n) to find, not a walk of
+    // the table per event.
+    let snap = core.table.snapshot();
+    for r in snap.overlapping(start, end) {
+        if r.id >= stamp {
             continue;
         }
         let (s, e) = (start.max(r.start()), end.min(r.end()));
         r.map.mark_gone(s, e);
-        for page in pages_to_give_up(&r, s, e) {
+        for page in pages_to_give_up(r, s, e) {
             let (domain, key) = r.lock_key(page);
             let _g = core.locks.lock(domain, key);
-            give_up(core, &r, page, s, e);
+            give_up(core, r, page, s, e);
         }
         // Threads that faulted in the range before it went retry and get
         // the kernel's answer for an unmapped address.

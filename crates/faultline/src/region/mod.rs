@@ -25,6 +25,7 @@
 
 mod states;
 pub mod table;
+mod tree;
 
 use crate::config::PageSize;
 use crate::dirty::Fingerprints;
