@@ -8,23 +8,12 @@
 
 mod common;
 
-use common::{config, in_child, manager_with, map_file, run_in_child, ScratchDir, MIB};
+use common::{config, in_child, manager_with, map_file, rss, run_in_child, ScratchDir, MIB};
 use faultline::store::{Delayed, Zero};
 use faultline::{BudgetError, MapOptions, Region};
 use std::time::{Duration, Instant};
 
 const PAGE: usize = 4096;
-
-/// This process's resident set, in bytes.
-fn rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kib: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib << 10
-}
 
 fn stamp(p: usize, round: u64) -> u64 {
     (p as u64) << 8 | round

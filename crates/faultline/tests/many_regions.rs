@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{config, manager_with, ScratchDir, MIB};
+use common::{config, manager_with, rss, ScratchDir, MIB};
 use faultline::store::{File, FileOptions, Zero};
 use faultline::{MapError, MapOptions, Region};
 use std::time::{Duration, Instant};
@@ -27,17 +27,6 @@ const REGIONS: usize = 100_000;
 /// Every `FILE_EVERY`-th region is over the file.
 const FILE_EVERY: usize = 1000;
 const PAGE: usize = 4096;
-
-/// Resident memory of this process, in bytes (`VmRSS`).
-fn rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kib: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kib * 1024
-}
 
 /// `vm.max_map_count` raised to at least `want` while it lives (restored on
 /// drop, also when the test fails).
@@ -80,9 +69,12 @@ fn stamp(i: usize) -> u64 {
     (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-/// The bound on map-all and drop-all.
+/// The bound on map-all and drop-all: the goal is 2 s (measured 1.0-1.4 s
+/// to map and 0.55-0.95 s to drop on a quiet machine); the test allows
+/// twice that, since other test binaries may share the CPUs, which still
+/// catches any return of the quadratic table (88 s and 128 s).
 fn limit() -> Duration {
-    Duration::from_secs(if cfg!(debug_assertions) { 20 } else { 2 })
+    Duration::from_secs(if cfg!(debug_assertions) { 20 } else { 4 })
 }
 
 /// Maps region `i`: zero store, or for every `FILE_EVERY`-th file page

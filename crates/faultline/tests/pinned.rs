@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::{manager, map_file, ScratchDir, MIB};
+use common::{cpu_time, manager, map_file, ScratchDir, MIB};
 use faultline::store::{Delayed, Zero};
-use faultline::{MapError, MapOptions};
+use faultline::{MapError, MapOptions, ReadOnly, Region};
 use std::time::Duration;
 
 #[test]
@@ -63,69 +63,13 @@ fn pinned_pages_survive_reclaim() {
     assert_eq!(pinned.resident_pages(), pinned.len() / 4096);
 }
 
-/// This process's CPU time (user + system), in seconds.
-fn cpu_seconds() -> f64 {
-    // SAFETY: rusage is plain data; all-zero is a valid value.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid, writable rusage for the call.
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(u.ru_utime) + t(u.ru_stime)
-}
-
-/// The pool is full of pinned pages (below the reclaim low watermark, with
-/// nothing reclaimable) beside a large untouched file region: the
-/// background reclaimer backs off instead of walking every page of it 100
-/// times a second (issue 17: an idle manager burned 69–100% of a CPU).
-#[test]
-fn an_idle_manager_with_nothing_to_reclaim_stays_idle() {
-    let dir = ScratchDir::new("idle");
+/// An 8 MiB pool full of pinned pages beside a read-only region over a
+/// sparse file of `big` bytes that holds nothing.
+fn pool_full_of_pinned_beside(
+    big: usize,
+) -> (ScratchDir, faultline::Manager, Region<ReadOnly>, Region) {
+    let dir = ScratchDir::new("pinned-beside");
     let path = dir.path().join("sparse");
-    let big = 16usize << 30;
-    std::fs::File::create(&path)
-        .and_then(|f| f.set_len(big as u64))
-        .expect("sparse file");
-    let mm = manager(8 * MIB);
-    let _file = mm
-        .map_read_only(
-            big,
-            faultline::store::File::open(&path, faultline::store::FileOptions::new())
-                .expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map the sparse file");
-    let pinned = mm
-        .map(
-            8 * MIB,
-            Delayed::new(Zero, Duration::ZERO),
-            MapOptions::new().pinned(true),
-        )
-        .expect("pinned map");
-    for off in (0..pinned.len()).step_by(4096) {
-        pinned.store_u64(off, 1).expect("fill the pool");
-    }
-    std::thread::sleep(Duration::from_secs(2)); // the back-off reaches its cap
-    let t0 = cpu_seconds();
-    std::thread::sleep(Duration::from_secs(3));
-    let used = cpu_seconds() - t0;
-    eprintln!("idle CPU: {used:.3} s in 3 s");
-    assert!(
-        used < 0.3,
-        "an idle manager used {used:.2} s of CPU in 3 s (stats: {})",
-        mm.stats()
-    );
-}
-
-/// The pool is full of pinned pages and a fault comes for a 256 GiB file
-/// region that holds nothing: no frame can come, so the fault is refused
-/// at once — the toucher gets its error (EFAULT from kernel mode; SIGBUS
-/// from user mode) and the cause is queued — in well under 10 ms, not
-/// after a walk of the address space or a 2 s wait (issue 17).
-#[test]
-fn an_unservable_fault_reports_at_once() {
-    let dir = ScratchDir::new("unservable");
-    let path = dir.path().join("sparse");
-    let big = 256usize << 30;
     std::fs::File::create(&path)
         .and_then(|f| f.set_len(big as u64))
         .expect("sparse file");
@@ -148,6 +92,36 @@ fn an_unservable_fault_reports_at_once() {
     for off in (0..pinned.len()).step_by(4096) {
         pinned.store_u64(off, 1).expect("fill the pool");
     }
+    (dir, mm, file, pinned)
+}
+
+/// The pool is full of pinned pages (below the reclaim low watermark, with
+/// nothing reclaimable) beside a large untouched file region: the
+/// background reclaimer backs off instead of walking every page of it 100
+/// times a second (issue 17: an idle manager burned 69–100% of a CPU).
+#[test]
+fn an_idle_manager_with_nothing_to_reclaim_stays_idle() {
+    let (_dir, mm, _file, _pinned) = pool_full_of_pinned_beside(16 << 30);
+    std::thread::sleep(Duration::from_secs(2)); // the back-off reaches its cap
+    let t0 = cpu_time();
+    std::thread::sleep(Duration::from_secs(3));
+    let used = (cpu_time() - t0).as_secs_f64();
+    eprintln!("idle CPU: {used:.3} s in 3 s");
+    assert!(
+        used < 0.3,
+        "an idle manager used {used:.2} s of CPU in 3 s (stats: {})",
+        mm.stats()
+    );
+}
+
+/// The pool is full of pinned pages and a fault comes for a 256 GiB file
+/// region that holds nothing: no frame can come, so the fault is refused
+/// at once — the toucher gets its error (EFAULT from kernel mode; SIGBUS
+/// from user mode) and the cause is queued — in well under 10 ms, not
+/// after a walk of the address space or a 2 s wait (issue 17).
+#[test]
+fn an_unservable_fault_reports_at_once() {
+    let (_dir, mm, file, _pinned) = pool_full_of_pinned_beside(256 << 30);
     let mut took = Vec::new();
     for i in 0..5 {
         let addr = file.addr() + (i * 7919 + 13) * (1 << 20);

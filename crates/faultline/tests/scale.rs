@@ -10,34 +10,13 @@
 
 mod common;
 
-use common::{in_child, manager, rng, run_in_child, ScratchDir, MIB};
+use common::{cpu_time, in_child, manager, rng, rss, run_in_child, ScratchDir, MIB};
 use faultline::store::{File, FileOptions};
 use faultline::{MapOptions, PageSize, Region};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 const GIB: usize = 1 << 30;
-
-/// This process's resident set, in bytes.
-fn rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kib: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib << 10
-}
-
-/// This process's CPU time (user + system).
-fn cpu() -> Duration {
-    // SAFETY: rusage is plain data; all-zero is a valid value.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid, writable rusage for the call.
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
-    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
-    t(u.ru_utime) + t(u.ru_stime)
-}
 
 /// A sparse file of `len` bytes in `dir`.
 fn sparse(dir: &std::path::Path, len: usize) -> std::path::PathBuf {
@@ -244,9 +223,9 @@ fn an_idle_manager_beside_256_gib_stays_idle() {
     );
     assert!(mm.stats().evicted > 0, "no reclaim: {}", mm.stats());
     std::thread::sleep(Duration::from_secs(1));
-    let t0 = cpu();
+    let t0 = cpu_time();
     std::thread::sleep(Duration::from_secs(3));
-    let used = cpu() - t0;
+    let used = cpu_time() - t0;
     println!("idle CPU {used:?} in 3 s");
     // The goal, < 1% of a CPU, holds for the optimized build; unoptimized
     // code gets three times the room.

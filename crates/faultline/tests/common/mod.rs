@@ -238,3 +238,24 @@ pub fn swapped_pages(addr: usize, pages: usize) -> usize {
         })
         .count()
 }
+
+/// This process's resident set (`VmRSS`), in bytes.
+pub fn rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib << 10
+}
+
+/// This process's CPU time (user + system).
+pub fn cpu_time() -> std::time::Duration {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage for the call.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+    let t = |v: libc::timeval| std::time::Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
+    t(u.ru_utime) + t(u.ru_stime)
+}
