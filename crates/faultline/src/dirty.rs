@@ -59,10 +59,13 @@ pub(crate) struct Fingerprints {
 }
 
 impl Fingerprints {
-    /// `frames` frames (4 KiB frame indices), none fingerprinted.
+    /// `frames` frames (4 KiB frame indices), none fingerprinted. The table
+    /// is allocated zeroed, so a large one (a pool with room to grow) costs
+    /// untouched zero pages until frames are used.
     pub(crate) fn new(frames: usize) -> Fingerprints {
+        let words: Vec<AtomicU64> = zeroed_vec(2 * frames);
         Fingerprints {
-            words: (0..2 * frames).map(|_| AtomicU64::new(0)).collect(),
+            words: words.into_boxed_slice(),
         }
     }
 
@@ -97,6 +100,20 @@ impl Fingerprints {
         self.set(to, fp);
         self.set(from, None);
     }
+}
+
+/// `n` zero words from a zeroed allocation (`calloc`: fresh zero pages
+/// that cost no memory until written), not a loop writing zeros.
+fn zeroed_vec(n: usize) -> Vec<AtomicU64> {
+    // `vec![0u64; n]` is allocated zeroed; `AtomicU64` has the same size,
+    // alignment and bit validity as `u64`.
+    let mut plain = std::mem::ManuallyDrop::new(vec![0u64; n]);
+    let (ptr, len, cap) = (plain.as_mut_ptr(), plain.len(), plain.capacity());
+    // SAFETY: `ptr`, `len`, `cap` come from a live `Vec<u64>` that is never
+    // dropped (ManuallyDrop); `AtomicU64` has the same layout as `u64` and
+    // every `u64` bit pattern is a valid `AtomicU64`, so the allocation is
+    // a valid `Vec<AtomicU64>` with the same allocator layout.
+    unsafe { Vec::from_raw_parts(ptr.cast::<AtomicU64>(), len, cap) }
 }
 
 #[cfg(test)]

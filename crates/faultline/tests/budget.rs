@@ -153,3 +153,54 @@ fn idle_free_memory_goes_back_to_the_kernel() {
     assert!(mm.stats().unballooned > 0);
     println!("idle ok");
 }
+
+/// A budget that may grow to most of the machine (`budget_max`) costs only
+/// address space until it grows: the pool's room above the budget is never
+/// populated, and the per-frame tables stay untouched zero pages.
+#[test]
+fn room_to_grow_costs_nothing_until_used() {
+    if !in_child() {
+        return run_in_child("room_to_grow_costs_nothing_until_used", "room ok");
+    }
+    let physical = physical_memory();
+    let max = (physical / 2) / (2 * MIB) * (2 * MIB);
+    let before = rss();
+    let t0 = Instant::now();
+    let mut c = config(64 * MIB);
+    c.budget_max = Some(max);
+    let mm = manager_with(c);
+    let built = (t0.elapsed(), rss().saturating_sub(before));
+    println!(
+        "budget 64 MiB, budget_max {} MiB: built in {:?}, RSS +{} MiB",
+        max >> 20,
+        built.0,
+        built.1 >> 20
+    );
+    // The pool's budget part, and no per-frame cost for the room above it
+    // (16 B of fingerprint and 9 B of allocator per frame, were they
+    // written: ~75 MiB for 12 GiB).
+    assert!(
+        built.1 < 64 * MIB + 16 * MIB,
+        "RSS grew {} MiB",
+        built.1 >> 20
+    );
+    mm.set_budget(256 * MIB).expect("grow");
+    let r = mm.map(192 * MIB, Zero, MapOptions::new()).expect("map");
+    write_all(&r, 5);
+    check_all(&r, 5);
+    drop(r);
+    mm.set_budget(64 * MIB).expect("shrink back");
+    assert_eq!(mm.stats().budget_frames, 64 * MIB / PAGE);
+    println!("room ok");
+}
+
+/// Physical memory, from `/proc/meminfo`.
+fn physical_memory() -> usize {
+    let info = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib: usize = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemTotal");
+    kib << 10
+}

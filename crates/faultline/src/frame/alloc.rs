@@ -94,11 +94,24 @@ pub struct FrameAlloc {
 impl FrameAlloc {
     /// An allocator over `pages` pages (a multiple of 512), all free.
     pub fn new(pages: usize, config: AllocConfig) -> FrameAlloc {
+        Self::with_buddy(Buddy::new(pages), 0, config)
+    }
+
+    /// An allocator over `pages` pages, all handed out (the caller owns
+    /// every 2 MiB frame and frees them in when it will); its bookkeeping
+    /// costs no memory until then.
+    pub fn new_taken(pages: usize, config: AllocConfig) -> FrameAlloc {
+        Self::with_buddy(Buddy::new_taken(pages), pages as isize, config)
+    }
+
+    fn with_buddy(buddy: Buddy, outstanding: isize, config: AllocConfig) -> FrameAlloc {
         let lists = if config.pcp { config.cpus.max(1) } else { 0 };
+        let pages = buddy.pages();
+        let free = buddy.free_pages();
         FrameAlloc {
             zone: CachePadded::new(Mutex::new(Zone {
-                buddy: Buddy::new(pages),
-                outstanding: 0,
+                buddy,
+                outstanding,
                 scratch: Vec::new(),
             })),
             pcp: (0..lists)
@@ -110,7 +123,7 @@ impl FrameAlloc {
                 ..config
             },
             pages,
-            zone_free: AtomicUsize::new(pages),
+            zone_free: AtomicUsize::new(free),
         }
     }
 

@@ -39,8 +39,10 @@ impl Buddy {
             pages,
             first: [NIL; MAX_ORDER as usize + 1],
             count: [0; MAX_ORDER as usize + 1],
-            next: vec![NIL; pages],
-            prev: vec![NIL; pages],
+            // Read only at free block heads, which `push` writes first; zero
+            // (untouched pages) until then.
+            next: vec![0; pages],
+            prev: vec![0; pages],
             head: vec![0; pages],
             free: 0,
         };
@@ -50,6 +52,27 @@ impl Buddy {
         }
         b.free = pages;
         b
+    }
+
+    /// A buddy allocator over `pages` pages (a multiple of 512), none free
+    /// (all handed out; they come in by `free`). Its per-page arrays stay
+    /// untouched zero pages until frees reach them.
+    pub fn new_taken(pages: usize) -> Buddy {
+        debug_assert!(pages % (1 << MAX_ORDER) == 0);
+        Buddy {
+            pages,
+            first: [NIL; MAX_ORDER as usize + 1],
+            count: [0; MAX_ORDER as usize + 1],
+            next: vec![0; pages],
+            prev: vec![0; pages],
+            head: vec![0; pages],
+            free: 0,
+        }
+    }
+
+    /// Pages managed.
+    pub fn pages(&self) -> usize {
+        self.pages
     }
 
     /// Free pages.

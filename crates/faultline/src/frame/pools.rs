@@ -85,7 +85,13 @@ impl FramePools {
                     pool: s.pool,
                     huge: s.huge,
                     populate: s.populate,
-                    alloc: FrameAlloc::new(n, config),
+                    // A part not populated starts out all taken: the
+                    // balloon holds its frames (`take_unpopulated`).
+                    alloc: if s.populate {
+                        FrameAlloc::new(n, config)
+                    } else {
+                        FrameAlloc::new_taken(n, config)
+                    },
                 };
                 base += n;
                 p
@@ -152,19 +158,19 @@ impl FramePools {
             .sum()
     }
 
-    /// Takes every frame of the parts not populated at build out of their
-    /// allocators (as 2 MiB frames), for the balloon to hold.
+    /// The frames of the parts not populated at build (their allocators
+    /// start out with all of them taken), as 2 MiB frames, for the balloon
+    /// to hold. Call once.
     pub fn take_unpopulated(&self) -> Vec<Frame> {
-        let mut out = Vec::new();
-        for p in self.parts.iter().filter(|p| !p.populate) {
-            let start = out.len();
-            let blocks = p.pages / super::PAGES_PER_HUGE;
-            p.alloc.alloc_bulk(super::HUGE_ORDER, blocks, &mut out);
-            for f in &mut out[start..] {
-                *f = globalize(p.base, Frame::from_parts(f.index(), f.order()));
-            }
-        }
-        out
+        let per = super::PAGES_PER_HUGE as u32;
+        self.parts
+            .iter()
+            .filter(|p| !p.populate)
+            .flat_map(|p| {
+                let blocks = (p.pages / super::PAGES_PER_HUGE) as u32;
+                (0..blocks).map(move |b| Frame::from_parts(p.base + b * per, super::HUGE_ORDER))
+            })
+            .collect()
     }
 
     /// A frame of `order` from pool `pool`, or `None` if it has no free run
