@@ -19,8 +19,10 @@
 //! ([`deflate`]) before they report the pool full.
 //!
 //! Invariant: a frame is refilled (all its slots populated, zero) before it
-//! is freed to the allocator. Locks: the balloon's leaf mutex and the
-//! allocator's; no fault lock.
+//! is freed to the allocator. Locks: the balloon's ledger, held across each
+//! inflate or deflate, with the allocator's locks taken under it (never the
+//! other way round); no fault lock is taken here (a fault may hold its own
+//! while it deflates).
 
 use crate::core::Core;
 use crate::error::FaultError;
