@@ -162,7 +162,7 @@ fn room_to_grow_costs_nothing_until_used() {
     if !in_child() {
         return run_in_child("room_to_grow_costs_nothing_until_used", "room ok");
     }
-    let physical = physical_memory();
+    let physical = common::proc_bytes("/proc/meminfo", "MemTotal:");
     let max = (physical / 2) / (2 * MIB) * (2 * MIB);
     let before = rss();
     let t0 = Instant::now();
@@ -192,15 +192,4 @@ fn room_to_grow_costs_nothing_until_used() {
     mm.set_budget(64 * MIB).expect("shrink back");
     assert_eq!(mm.stats().budget_frames, 64 * MIB / PAGE);
     println!("room ok");
-}
-
-/// Physical memory, from `/proc/meminfo`.
-fn physical_memory() -> usize {
-    let info = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
-    let kib: usize = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("MemTotal");
-    kib << 10
 }

@@ -34,18 +34,7 @@ pub struct Buddy {
 impl Buddy {
     /// A buddy allocator over `pages` pages (a multiple of 512), all free.
     pub fn new(pages: usize) -> Buddy {
-        debug_assert!(pages % (1 << MAX_ORDER) == 0);
-        let mut b = Buddy {
-            pages,
-            first: [NIL; MAX_ORDER as usize + 1],
-            count: [0; MAX_ORDER as usize + 1],
-            // Read only at free block heads, which `push` writes first; zero
-            // (untouched pages) until then.
-            next: vec![0; pages],
-            prev: vec![0; pages],
-            head: vec![0; pages],
-            free: 0,
-        };
+        let mut b = Buddy::new_taken(pages);
         // Push in reverse so the lowest addresses come out first.
         for block in (0..pages >> MAX_ORDER).rev() {
             b.push((block << MAX_ORDER) as u32, MAX_ORDER);

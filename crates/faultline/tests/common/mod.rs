@@ -239,15 +239,20 @@ pub fn swapped_pages(addr: usize, pages: usize) -> usize {
         .count()
 }
 
+/// A `kB` figure from a `/proc` file (`field` with its colon), in bytes.
+pub fn proc_bytes(file: &str, field: &str) -> usize {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let kib: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in {file}"));
+    kib << 10
+}
+
 /// This process's resident set (`VmRSS`), in bytes.
 pub fn rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kib: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
-    kib << 10
+    proc_bytes("/proc/self/status", "VmRSS:")
 }
 
 /// This process's CPU time (user + system).
