@@ -28,6 +28,7 @@ use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator, Ledger, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
 use crate::pagemove;
+use faultline_sys::SysError;
 use std::sync::atomic::Ordering;
 
 /// Pages of pool 0 within the budget now.
@@ -56,20 +57,7 @@ pub(crate) fn inflate(core: &Core, pages: usize, withheld: bool, small: bool) ->
     if small {
         core.alloc.alloc_bulk(0, pages - got, &mut frames);
     }
-    let mut released = Vec::with_capacity(frames.len());
-    let mut back = Vec::new();
-    for f in frames {
-        match core.pool.release(&f) {
-            Ok(()) => released.push(f),
-            Err(e) => {
-                core.record(FaultError::Move {
-                    addr: core.pool.addr_of(&f),
-                    source: e,
-                });
-                back.push(f);
-            }
-        }
-    }
+    let (released, mut back) = each_frame(core, frames, |f| core.pool.release(f));
     // Not released: still populated, still free memory.
     core.alloc.free_bulk(&mut back);
     let n: usize = released.iter().map(Frame::pages).sum();
@@ -88,23 +76,11 @@ pub(crate) fn deflate(core: &Core, pages: usize) -> usize {
 
 /// [`deflate`] with the ledger held.
 fn deflate_in(core: &Core, ledger: &mut Ledger<'_>, pages: usize) -> usize {
-    let mut refilled = Vec::new();
-    let mut keep = Vec::new();
-    for f in ledger.take_idle(pages) {
-        match pagemove::fill_holes(core, core.pool.addr_of(&f), f.bytes()) {
-            Ok(()) => {
-                core.pool.refilled(&f);
-                refilled.push(f);
-            }
-            Err(e) => {
-                core.record(FaultError::Move {
-                    addr: core.pool.addr_of(&f),
-                    source: e,
-                });
-                keep.push(f);
-            }
-        }
-    }
+    let (mut refilled, keep) = each_frame(core, ledger.take_idle(pages), |f| {
+        pagemove::fill_holes(core, core.pool.addr_of(f), f.bytes())?;
+        core.pool.refilled(f);
+        Ok(())
+    });
     // A frame that could not be refilled stays in the balloon, idle.
     ledger.put(keep, false);
     let freed: usize = refilled.iter().map(Frame::pages).sum();
@@ -113,6 +89,27 @@ fn deflate_in(core: &Core, ledger: &mut Ledger<'_>, pages: usize) -> usize {
         .unballooned
         .fetch_add(freed as u64, Ordering::Relaxed);
     freed
+}
+
+/// Runs `op` on each frame: returns the frames it did, and those it
+/// failed on (each failure queued as an error at the frame's slot).
+fn each_frame(
+    core: &Core,
+    frames: Vec<Frame>,
+    op: impl Fn(&Frame) -> Result<(), SysError>,
+) -> (Vec<Frame>, Vec<Frame>) {
+    let (mut done, mut failed) = (Vec::with_capacity(frames.len()), Vec::new());
+    for f in frames {
+        match op(&f) {
+            Ok(()) => done.push(f),
+            Err(source) => {
+                let addr = core.pool.addr_of(&f);
+                core.record(FaultError::Move { addr, source });
+                failed.push(f);
+            }
+        }
+    }
+    (done, failed)
 }
 
 /// Grows the budget by up to `pages`: withheld frames become the budget's,
@@ -128,6 +125,17 @@ pub(crate) fn grow(core: &Core, pages: usize) -> usize {
 /// memory moves). Returns the pages it shrank by.
 pub(crate) fn withhold_idle(core: &Core, pages: usize) -> usize {
     core.balloon.ledger().withhold(pages)
+}
+
+/// A frame of `order` from pool `pool`; for pool 0, idle frames of the
+/// balloon are taken back when no free one is left.
+pub(crate) fn alloc_in(core: &Core, pool: PoolId, order: u8) -> Option<Frame> {
+    core.alloc.alloc_in(pool, order).or_else(|| {
+        let short = pool == 0 && core.balloon.idle() > 0;
+        (short && deflate(core, 1 << order) > 0)
+            .then(|| core.alloc.alloc_in(pool, order))
+            .flatten()
+    })
 }
 
 /// Up to `n` frames of `order` from pool `pool` into `out`; for pool 0,

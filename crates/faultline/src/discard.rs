@@ -74,9 +74,7 @@ pub(crate) fn discard(
 /// its next touch asks the store again anyway). Returns 4 KiB pages freed.
 fn drop_in_use(core: &Core, r: &RegionInner, pages: &Range<usize>) -> Result<usize, FaultError> {
     let mut freed = 0;
-    let mut next = r.next_used(pages.start);
-    while let Some(page) = next.filter(|&p| p < pages.end) {
-        next = r.next_used(page + 1);
+    for page in r.used_pages(pages.clone()) {
         let (domain, key) = r.lock_key(page);
         let _g = core.locks.lock(domain, key);
         freed += drop_page(core, r, page)?;

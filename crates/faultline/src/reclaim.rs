@@ -55,10 +55,8 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
         }
     }
     // Memory given back to the kernel while idle: take it back first.
-    if core.balloon.idle() > 0 && budget::deflate(core, 1 << order) > 0 {
-        if let Some(f) = core.alloc.alloc(order) {
-            return Some(f);
-        }
+    if let Some(f) = budget::alloc_in(core, 0, order) {
+        return Some(f);
     }
     // The zeroing worker may hold the last free frame while it clears it (a
     // budget exactly the size of what is touched): wait for it to publish.

@@ -36,9 +36,7 @@ pub(crate) fn write_back(
     limit: Option<std::time::Duration>,
 ) -> Result<(), StoreError> {
     let mut first_err = None;
-    let mut next = r.next_used(0);
-    while let Some(page) = next {
-        next = r.next_used(page + 1);
+    for page in r.used_pages(0..r.pages()) {
         if matches!(
             r.state(page),
             PageState::Absent | PageState::Poisoned | PageState::Gone

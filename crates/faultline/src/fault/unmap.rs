@@ -65,12 +65,7 @@ pub(crate) fn unmapped(core: &Core, start: usize, end: usize, stamp: u64) {
 /// uses (a terabyte region unmapped whole).
 fn pages_to_give_up(r: &RegionInner, s: usize, e: usize) -> Vec<usize> {
     let (first, last) = (r.page_of(s), r.page_of(e - 1));
-    let mut pages: Vec<usize> = Vec::new();
-    let mut next = r.next_used(first);
-    while let Some(p) = next.filter(|&p| p <= last) {
-        pages.push(p);
-        next = r.next_used(p + 1);
-    }
+    let mut pages: Vec<usize> = r.used_pages(first..last + 1).collect();
     let cut = |p: usize| r.page_addr(p) < s || r.page_addr(p) + r.page_size.bytes() > e;
     for p in [first, last] {
         if cut(p) && !pages.contains(&p) {

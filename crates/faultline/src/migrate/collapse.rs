@@ -42,9 +42,7 @@ pub(crate) fn collapse(
         // Already one frame, mapped by one PMD.
         return Ok(false);
     }
-    let mut one = Vec::with_capacity(1);
-    crate::budget::alloc_bulk_in(core, pool, HUGE_ORDER, 1, &mut one);
-    let Some(huge) = one.pop() else {
+    let Some(huge) = crate::budget::alloc_in(core, pool, HUGE_ORDER) else {
         return Err(MigrateError::PoolFull {
             pool,
             addr,

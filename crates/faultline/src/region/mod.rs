@@ -170,6 +170,16 @@ impl RegionInner {
         self.pages.next_used(from)
     }
 
+    /// The pages of `range` in any state but absent, in order (each found
+    /// when the previous one has been handled; untouched spans skipped).
+    pub(crate) fn used_pages(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(self.next_used(range.start), move |&p| self.next_used(p + 1))
+            .take_while(move |&p| p < range.end)
+    }
+
     /// Index of the page holding `addr` (which must lie inside).
     pub fn page_of(&self, addr: usize) -> usize {
         (addr - self.start()) / self.page_size.bytes()
@@ -282,13 +292,9 @@ impl RegionInner {
     /// Number of resident pages (a racy count, exact when no fault is in
     /// flight).
     pub fn resident(&self) -> usize {
-        let mut n = 0;
-        let mut next = self.next_used(0);
-        while let Some(p) = next {
-            n += usize::from(matches!(self.state(p), PageState::Resident(_)));
-            next = self.next_used(p + 1);
-        }
-        n
+        self.used_pages(0..self.pages())
+            .filter(|&p| matches!(self.state(p), PageState::Resident(_)))
+            .count()
     }
 
     /// Extends a run of pages from `page` (whose lock the caller holds): the

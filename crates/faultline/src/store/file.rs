@@ -88,6 +88,17 @@ impl File {
     /// overflow for a page of a region: `Manager::map` refuses a region
     /// whose offset plus length overflows; saturates otherwise (a read there
     /// gets zeros, a write an error from the kernel).
+    /// `op` (a write of some kind) is refused on a read-only file.
+    fn must_write(&self, op: &'static str) -> Result<(), StoreError> {
+        if self.writable {
+            return Ok(());
+        }
+        Err(StoreError::Unsupported {
+            store: "read-only file",
+            op,
+        })
+    }
+
     fn at(&self, page: u64, len: usize) -> u64 {
         page.saturating_mul(len as u64).saturating_add(self.offset)
     }
@@ -145,19 +156,13 @@ impl Store for File {
     }
 
     fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
-        if !self.writable {
-            return Err(StoreError::Unsupported {
-                store: "read-only file",
-                op: "discard",
-            });
-        }
+        self.must_write("discard")?;
         let len = pages.saturating_mul(page_size as u64);
         match faultline_sys::host::punch_hole(&self.file, self.at(first, page_size), len) {
             Ok(()) => Ok(()),
             // No holes on this file system: write zeros.
             Err(e) if e.errno == libc::EOPNOTSUPP => {
-                let zeros = vec![0u8; page_size];
-                (first..first + pages).try_for_each(|p| self.write(p, &zeros))
+                super::write_zero_pages(self, first, pages, page_size)
             }
             Err(e) => Err(StoreError::Io {
                 op: "discard",
@@ -169,12 +174,7 @@ impl Store for File {
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
-        if !self.writable {
-            return Err(StoreError::Unsupported {
-                store: "read-only file",
-                op: "write",
-            });
-        }
+        self.must_write("write")?;
         self.file
             .write_all_at(buf, self.at(page, buf.len()))
             .map_err(|source| StoreError::Io {

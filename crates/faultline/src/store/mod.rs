@@ -128,11 +128,7 @@ pub trait Store: Send + Sync + Debug {
     /// # Errors
     /// Any [`StoreError`] (a store that cannot be written refuses).
     fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
-        let zeros = vec![0u8; page_size];
-        for p in first..first + pages {
-            self.write(p, &zeros)?;
-        }
-        Ok(())
+        write_zero_pages(self, first, pages, page_size)
     }
 
     /// Makes every completed `write` durable.
@@ -155,6 +151,21 @@ pub trait Store: Send + Sync + Debug {
     fn identity(&self) -> Option<(u64, u64)> {
         None
     }
+}
+
+/// Writes zero pages `[first, first + pages)` to `store`: the default
+/// [`Store::discard`], and a store's fallback where its own way fails.
+///
+/// # Errors
+/// The first write's error.
+pub(crate) fn write_zero_pages<S: Store + ?Sized>(
+    store: &S,
+    first: u64,
+    pages: u64,
+    page_size: usize,
+) -> Result<(), StoreError> {
+    let zeros = vec![0u8; page_size];
+    (first..first + pages).try_for_each(|p| store.write(p, &zeros))
 }
 
 /// A store seen read-only (a region from [`crate::Manager::map_read_only`]):
