@@ -9,7 +9,7 @@
 mod common;
 
 use common::{config, in_child, manager_with, map_file, rss, run_in_child, ScratchDir, MIB};
-use faultline::store::{Delayed, Zero};
+use faultline::store::Zero;
 use faultline::{BudgetError, MapOptions, Region};
 use std::time::{Duration, Instant};
 
@@ -91,13 +91,7 @@ fn shrink_and_grow_keep_every_byte() {
 #[test]
 fn a_shrink_that_cannot_free_enough_says_so() {
     let mm = manager_with(config(40 * MIB));
-    let pinned = mm
-        .map(
-            32 * MIB,
-            Delayed::new(Zero, Duration::ZERO),
-            MapOptions::new().pinned(true),
-        )
-        .expect("pinned map");
+    let pinned = common::pinned_zero(&mm, 32 * MIB);
     for off in (0..pinned.len()).step_by(PAGE) {
         pinned.store_u64(off, off as u64).expect("write");
     }

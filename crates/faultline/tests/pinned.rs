@@ -34,13 +34,7 @@ fn pinned_pages_survive_reclaim() {
     let path = dir.path().join("big");
     std::fs::write(&path, vec![0u8; 16 * MIB]).expect("file");
     let mm = manager(8 * MIB);
-    let pinned = mm
-        .map(
-            4 * MIB,
-            Delayed::new(Zero, Duration::ZERO),
-            MapOptions::new().pinned(true),
-        )
-        .expect("pinned map");
+    let pinned = common::pinned_zero(&mm, 4 * MIB);
     for off in (0..pinned.len()).step_by(4096) {
         pinned.store_u64(off, off as u64 ^ 0x5eed).expect("write");
     }
@@ -69,10 +63,7 @@ fn pool_full_of_pinned_beside(
     big: usize,
 ) -> (ScratchDir, faultline::Manager, Region<ReadOnly>, Region) {
     let dir = ScratchDir::new("pinned-beside");
-    let path = dir.path().join("sparse");
-    std::fs::File::create(&path)
-        .and_then(|f| f.set_len(big as u64))
-        .expect("sparse file");
+    let path = common::sparse_file(dir.path(), big);
     let mm = manager(8 * MIB);
     let file = mm
         .map_read_only(
@@ -82,13 +73,7 @@ fn pool_full_of_pinned_beside(
             MapOptions::new(),
         )
         .expect("map the sparse file");
-    let pinned = mm
-        .map(
-            8 * MIB,
-            Delayed::new(Zero, Duration::ZERO),
-            MapOptions::new().pinned(true),
-        )
-        .expect("pinned map");
+    let pinned = common::pinned_zero(&mm, 8 * MIB);
     for off in (0..pinned.len()).step_by(4096) {
         pinned.store_u64(off, 1).expect("fill the pool");
     }

@@ -10,22 +10,13 @@
 
 mod common;
 
-use common::{cpu_time, in_child, manager, rng, rss, run_in_child, ScratchDir, MIB};
+use common::{cpu_time, in_child, manager, rng, rss, run_in_child, sparse_file, ScratchDir, MIB};
 use faultline::store::{File, FileOptions};
 use faultline::{MapOptions, PageSize, Region};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 const GIB: usize = 1 << 30;
-
-/// A sparse file of `len` bytes in `dir`.
-fn sparse(dir: &std::path::Path, len: usize) -> std::path::PathBuf {
-    let path = dir.join("sparse");
-    std::fs::File::create(&path)
-        .and_then(|f| f.set_len(len as u64))
-        .expect("sparse file");
-    path
-}
 
 /// The word written at `off` in round `round`.
 fn word(off: usize, round: u64) -> u64 {
@@ -110,7 +101,7 @@ fn a_terabyte_region_of_4k_pages() {
     }
     let dir = ScratchDir::new("tib");
     let len = 1024 * GIB;
-    let path = sparse(dir.path(), len);
+    let path = sparse_file(dir.path(), len);
     let budget = 8 * MIB;
     let mm = manager(budget);
     let rss0 = rss();
@@ -152,17 +143,9 @@ fn a_64_tib_region_of_2m_pages() {
         return run_in_child("a_64_tib_region_of_2m_pages", "64 TiB ok");
     }
     // tmpfs: ext4 files stop at 16 TiB.
-    let dir = std::path::PathBuf::from(format!("/dev/shm/faultline-scale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("/dev/shm scratch");
-    struct Gone(std::path::PathBuf);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _gone = Gone(dir.clone());
+    let dir = ScratchDir::new_in(std::path::Path::new("/dev/shm"), "64tib");
     let len = 64 * 1024 * GIB;
-    let path = sparse(&dir, len);
+    let path = sparse_file(dir.path(), len);
     let mm = manager(32 * MIB);
     let r = map_sparse(&mm, &path, len, PageSize::Huge2M, 64);
     // 40 scattered 2 MiB pages through a budget of 16.
@@ -196,7 +179,7 @@ fn an_idle_manager_beside_256_gib_stays_idle() {
     }
     let dir = ScratchDir::new("idle256");
     let len = 256 * GIB;
-    let path = sparse(dir.path(), len);
+    let path = sparse_file(dir.path(), len);
     let mm = manager(8 * MIB);
     let r = map_sparse(&mm, &path, len, PageSize::Base4K, 8 << 10);
     let mut next = rng(256);

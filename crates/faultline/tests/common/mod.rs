@@ -138,12 +138,17 @@ pub struct ScratchDir {
 }
 
 impl ScratchDir {
-    /// A fresh directory named after `tag`.
+    /// A fresh directory named after `tag`, in the temporary directory.
     pub fn new(tag: &str) -> ScratchDir {
+        ScratchDir::new_in(&std::env::temp_dir(), tag)
+    }
+
+    /// A fresh directory named after `tag`, in `base` (e.g. `/dev/shm` for
+    /// tmpfs).
+    pub fn new_in(base: &std::path::Path, tag: &str) -> ScratchDir {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("faultline-test-{tag}-{}-{n}", std::process::id()));
+        let path = base.join(format!("faultline-test-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&path).expect("scratch dir");
         ScratchDir { path }
     }
@@ -165,6 +170,26 @@ impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// A sparse file `sparse` of `len` bytes in `dir` (nothing allocated).
+pub fn sparse_file(dir: &std::path::Path, len: usize) -> PathBuf {
+    let path = dir.join("sparse");
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(len as u64))
+        .expect("sparse file");
+    path
+}
+
+/// A writable region of `bytes` over a store that keeps no writes, pinned
+/// (never reclaimed, so its pages hold their frames).
+pub fn pinned_zero(mm: &Manager, bytes: usize) -> faultline::Region {
+    mm.map(
+        bytes,
+        faultline::store::Delayed::new(faultline::store::Zero, std::time::Duration::ZERO),
+        faultline::MapOptions::new().pinned(true),
+    )
+    .expect("pinned map")
 }
 
 /// A writable region of `pages` 4 KiB pages over the file at `path`.
