@@ -328,3 +328,22 @@ mod tests {
         assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
     }
 }
+
+/// Whether the open file `file` was opened for writing (its access mode,
+/// `fcntl(F_GETFL)`, is `O_WRONLY` or `O_RDWR`).
+pub fn opened_for_writing(file: &std::fs::File) -> Result<bool, crate::SysError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GETFL only reads the flags of an fd we hold open.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(crate::SysError::last("fcntl(F_GETFL)", 0, 0));
+    }
+    Ok(flags & libc::O_ACCMODE != libc::O_RDONLY)
+}
+
+/// Sets the calling thread's `errno` (for C APIs that report through it).
+pub fn set_errno(errno: i32) {
+    // SAFETY: __errno_location returns the calling thread's errno slot,
+    // valid for the thread's life.
+    unsafe { *libc::__errno_location() = errno };
+}

@@ -177,6 +177,24 @@ pub enum MapError {
     /// writable.
     #[error("the store is read-only: map it with map_read_only, pin the region, or open the store writable")]
     ReadOnlyStore,
+    /// [`crate::MapOptions::at`] with an address that is not a multiple of
+    /// the region's page size.
+    #[error("address {addr:#x} is not a multiple of the {page} page size")]
+    UnalignedAddress {
+        /// The address asked for.
+        addr: usize,
+        /// The region's page size.
+        page: &'static str,
+    },
+    /// [`crate::MapOptions::at`] with a range that something is mapped in
+    /// (another managed region, or, without replacing, any mapping).
+    #[error("bytes {addr:#x}..+{len:#x} are in use (a managed region or another mapping)")]
+    AddressInUse {
+        /// The address asked for.
+        addr: usize,
+        /// The region's length.
+        len: usize,
+    },
     /// A system call failed.
     #[error("{0}")]
     Sys(#[from] SysError),

@@ -88,20 +88,100 @@ impl Mapping {
                 libc::munmap((aligned + len) as *mut libc::c_void, tail);
             }
         }
-        let addr = NonNull::new(aligned as *mut u8).ok_or(einval)?;
-        let ptr = addr.as_ptr().cast::<libc::c_void>();
+        // SAFETY: [aligned, aligned+len) is the mapping just made; nothing
+        // references it.
+        unsafe { Self::make_usable(aligned, len) }
+    }
+
+    /// Maps `len` bytes of anonymous private memory at exactly `addr` (a
+    /// multiple of the page size), as [`Mapping::anonymous`] does; fails
+    /// with `EEXIST` if anything is mapped in the range
+    /// (`MAP_FIXED_NOREPLACE`), so it never replaces a mapping.
+    pub fn anonymous_at(addr: usize, len: usize) -> Result<Mapping, SysError> {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        unsafe { Self::fixed(addr, len, libc::MAP_FIXED_NOREPLACE) }
+    }
+
+    /// Like [`Mapping::anonymous_at`], but replaces whatever is mapped in
+    /// `[addr, addr + len)` (`MAP_FIXED`, as `mmap(2)` does).
+    ///
+    /// # Safety
+    /// Nothing in the range may be referenced or owned by anyone else (no
+    /// Rust object, no other `Mapping`, no allocator's memory): the old
+    /// mapping is gone when this returns.
+    pub unsafe fn anonymous_replacing(addr: usize, len: usize) -> Result<Mapping, SysError> {
+        // SAFETY: the caller vouches that the range may be replaced.
+        unsafe { Self::fixed(addr, len, libc::MAP_FIXED) }
+    }
+
+    /// # Safety
+    /// With `MAP_FIXED`, as [`Mapping::anonymous_replacing`].
+    unsafe fn fixed(addr: usize, len: usize, how: libc::c_int) -> Result<Mapping, SysError> {
+        let einval = SysError {
+            op: "mmap",
+            addr,
+            len,
+            errno: libc::EINVAL,
+        };
+        if addr == 0 || addr % PAGE_SIZE != 0 || len == 0 || len % PAGE_SIZE != 0 {
+            return Err(einval);
+        }
+        addr.checked_add(len).ok_or(einval)?;
+        // SAFETY: with MAP_FIXED_NOREPLACE the kernel refuses a range in
+        // use; with MAP_FIXED the caller vouches for the range.
+        let raw = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | how,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(SysError::last("mmap(MAP_FIXED)", addr, len));
+        }
+        if raw as usize != addr {
+            // A kernel without MAP_FIXED_NOREPLACE takes it as a hint.
+            // SAFETY: `raw` is the mapping just made, elsewhere.
+            unsafe { libc::munmap(raw, len) };
+            return Err(SysError {
+                op: "mmap(MAP_FIXED_NOREPLACE)",
+                addr,
+                len,
+                errno: libc::EEXIST,
+            });
+        }
         // SAFETY: the range is the mapping just made; nothing references it.
-        // munlock of an unlocked range is a no-op; mprotect only changes the
-        // protection of pages nobody has touched.
+        unsafe { Self::make_usable(addr, len) }
+    }
+
+    /// Unlocks and makes read-write a fresh `PROT_NONE` mapping (see
+    /// [`Mapping::anonymous`]), or unmaps it on failure.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` is a mapping just made that nothing references.
+    unsafe fn make_usable(addr: usize, len: usize) -> Result<Mapping, SysError> {
+        let ptr = addr as *mut libc::c_void;
+        // SAFETY: per the contract, the range is ours alone. munlock of an
+        // unlocked range is a no-op; mprotect only changes the protection of
+        // pages nobody has touched.
         unsafe {
             if libc::munlock(ptr, len) != 0
                 || libc::mprotect(ptr, len, libc::PROT_READ | libc::PROT_WRITE) != 0
             {
-                let e = SysError::last("munlock/mprotect", aligned, len);
+                let e = SysError::last("munlock/mprotect", addr, len);
                 libc::munmap(ptr, len);
                 return Err(e);
             }
         }
+        let addr = NonNull::new(ptr.cast::<u8>()).ok_or(SysError {
+            op: "mmap",
+            addr,
+            len,
+            errno: libc::EINVAL,
+        })?;
         Ok(Mapping {
             addr,
             len,

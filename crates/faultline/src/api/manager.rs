@@ -13,7 +13,7 @@
 use super::region::{Access, ReadOnly, ReadWrite, Region};
 use super::service::Service;
 use super::ManagerBuilder;
-use crate::config::{Config, LookupCache, MapOptions, PageSize};
+use crate::config::{Config, Fixed, LookupCache, MapOptions, PageSize};
 use crate::core::Core;
 use crate::error::{AddrError, BudgetError, FaultError, MapError};
 use crate::frame::{FrameAllocator, PoolId};
@@ -130,7 +130,11 @@ impl Manager {
     /// inside the old region's range (even before faultline has read the
     /// unmap event): such a mapping is held aside (so the kernel picks
     /// another place) and a new one made, a few times.
-    fn fresh_mapping(&self, len: usize, page: PageSize) -> Result<Mapping, MapError> {
+    fn fresh_mapping(&self, len: usize, opts: &MapOptions) -> Result<Mapping, MapError> {
+        let page = opts.page_size;
+        if let Some(fixed) = opts.fixed {
+            return self.fixed_mapping(len, page, fixed);
+        }
         let core = self.core();
         let mut aside = Vec::new();
         loop {
@@ -150,6 +154,33 @@ impl Manager {
         }
     }
 
+    /// The mapping of a region placed by [`MapOptions::at`].
+    fn fixed_mapping(&self, len: usize, page: PageSize, at: Fixed) -> Result<Mapping, MapError> {
+        let addr = at.addr;
+        if addr % page.bytes() != 0 || addr == 0 {
+            return Err(MapError::UnalignedAddress {
+                addr,
+                page: page.name(),
+            });
+        }
+        let end = addr.checked_add(len).ok_or(MapError::TooLarge { len })?;
+        if self.core().table.overlaps(addr, end) {
+            return Err(MapError::AddressInUse { addr, len });
+        }
+        let made = if at.replace {
+            // SAFETY: `MapOptions::at_replacing`'s caller vouched that
+            // nothing references the range; no managed region is in it
+            // (checked above).
+            unsafe { Mapping::anonymous_replacing(addr, len) }
+        } else {
+            Mapping::anonymous_at(addr, len)
+        };
+        made.map_err(|e| match e.errno {
+            libc::EEXIST => MapError::AddressInUse { addr, len },
+            _ => MapError::Sys(e),
+        })
+    }
+
     /// Maps, registers and publishes region `id` (see [`Manager::map`]).
     fn map_range(
         &self,
@@ -159,7 +190,7 @@ impl Manager {
         opts: MapOptions,
     ) -> Result<Arc<RegionInner>, MapError> {
         let page = opts.page_size;
-        let map = self.fresh_mapping(len, page)?;
+        let map = self.fresh_mapping(len, &opts)?;
         map.advise(map.addr(), len, Advice::NoHugePage)?;
         map.advise(map.addr(), len, Advice::DontFork)?;
         let core = self.core();
