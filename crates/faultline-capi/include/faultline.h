@@ -13,153 +13,93 @@
 #include <stddef.h>
 #include <stdbool.h>
 
-/*
- A manager (opaque).
- */
+// A manager (opaque).
 typedef struct fl_manager fl_manager;
 
-/*
- A mapped region (opaque).
- */
+// A mapped region (opaque).
 typedef struct fl_region fl_region;
 
-/*
- A manager's configuration. Start from `fl_config_default()`.
- */
-typedef struct {
-  /*
-   Bytes of memory for pages (the pool), a multiple of 2 MiB.
-   */
+// A manager's configuration. Start from `fl_config_default()`.
+typedef struct fl_config {
+  // Bytes of memory for pages (the pool), a multiple of 2 MiB.
   uint64_t budget;
-  /*
-   Largest budget `fl_manager_set_budget` may grow to (0: the budget).
-   */
+  // Largest budget `fl_manager_set_budget` may grow to (0: the budget).
   uint64_t budget_max;
-  /*
-   Fault-serving threads.
-   */
+  // Fault-serving threads.
   uint32_t workers;
-  /*
-   Largest read-ahead run, in pages (a power of two, at most 512).
-   */
+  // Largest read-ahead run, in pages (a power of two, at most 512).
   uint32_t readahead_max;
-  /*
-   Pages mapped around a faulting 4 KiB page of a zero region.
-   */
+  // Pages mapped around a faulting 4 KiB page of a zero region.
   uint32_t fault_around;
-  /*
-   Reclaim starts below this percent of the pool free...
-   */
+  // Reclaim starts below this percent of the pool free...
   uint32_t reclaim_low_pct;
-  /*
-   ...and stops above this one.
-   */
+  // ...and stops above this one.
   uint32_t reclaim_high_pct;
 } fl_config;
 
-/*
- A manager's counters (`fl_manager_stats`).
- */
-typedef struct {
-  /*
-   Faults served (4 KiB and 2 MiB).
-   */
+// A manager's counters (`fl_manager_stats`).
+typedef struct fl_stats {
+  // Faults served (4 KiB and 2 MiB).
   uint64_t faults;
-  /*
-   Pages filled from a store.
-   */
+  // Pages filled from a store.
   uint64_t fills_store;
-  /*
-   Pages written back to a store.
-   */
+  // Pages written back to a store.
   uint64_t written_back;
-  /*
-   Pages evicted by reclaim.
-   */
+  // Pages evicted by reclaim.
   uint64_t evicted;
-  /*
-   Read-ahead runs issued.
-   */
+  // Read-ahead runs issued.
   uint64_t readaheads;
-  /*
-   Pages migrated between pools.
-   */
+  // Pages migrated between pools.
   uint64_t migrated_pages;
-  /*
-   2 MiB collapses.
-   */
+  // 2 MiB collapses.
   uint64_t collapses;
-  /*
-   Pages poisoned because their fault could not be served (SIGBUS).
-   */
+  // Pages poisoned because their fault could not be served (SIGBUS).
   uint64_t poisoned;
-  /*
-   Fault errors recorded.
-   */
+  // Fault errors recorded.
   uint64_t errors;
-  /*
-   Pool frames in all.
-   */
+  // Pool frames in all.
   uint64_t frames_total;
-  /*
-   Pool frames free.
-   */
+  // Pool frames free.
   uint64_t frames_free;
-  /*
-   Fault service time, median, ns.
-   */
+  // Fault service time, median, ns.
   uint64_t service_p50_ns;
-  /*
-   Fault service time, 99th percentile, ns.
-   */
+  // Fault service time, 99th percentile, ns.
   uint64_t service_p99_ns;
 } fl_stats;
 
-/*
- How to map a region. Start from `fl_map_options_default()`.
- */
-typedef struct {
-  /*
-   4096 or 2097152 (2 MiB pages need THP in madvise or always mode).
-   */
+// How to map a region. Start from `fl_map_options_default()`.
+typedef struct fl_map_options {
+  // 4096 or 2097152 (2 MiB pages need THP in madvise or always mode).
   uint64_t page_size;
-  /*
-   Keep pages in memory once faulted (never reclaimed).
-   */
+  // Keep pages in memory once faulted (never reclaimed).
   bool pinned;
-  /*
-   0: anywhere; otherwise the region's exact address (a multiple of
-   the page size), refused with -EEXIST if anything is mapped there.
-   */
+  // 0: anywhere; otherwise the region's exact address (a multiple of
+  // the page size), refused with -EEXIST if anything is mapped there.
   uint64_t addr;
 } fl_map_options;
 
-/*
- A store's callbacks and user pointer. Pages are read and written whole:
- `len` is the region's page size and `offset` the byte offset of the page
- in the region (page index × page size).
- */
-typedef struct {
-  /*
-   Fills `buf` (`len` bytes) with the page at `offset`. Required.
-   */
-  int (*read)(void *user, uint64_t offset, uint8_t *buf, uintptr_t len);
-  /*
-   Stores `len` bytes of `buf` as the page at `offset`. NULL: the store
-   is read-only (its region is too).
-   */
-  int (*write)(void *user, uint64_t offset, const uint8_t *buf, uintptr_t len);
-  /*
-   Makes written pages durable (called by flush). NULL: nothing to do.
-   */
+// A store's callbacks and user pointer. Pages are read and written whole:
+// `len` is the region's page size and `offset` the byte offset of the page
+// in the region (page index × page size).
+//
+// Contract: `read` and `write` are called from faultline's own threads,
+// several at once for different pages, so they must be thread-safe; they
+// must not touch any faultline region (that would fault into the threads
+// waiting on them); they return 0, or a positive errno that becomes the
+// page's error (a fault that gets it is refused with SIGBUS and the cause
+// queued for `fl_manager_take_error`). `release` is called once, when no
+// region uses the store any more.
+typedef struct fl_store_ops {
+  // Fills `buf` (`len` bytes) with the page at `offset`. Required.
+  int (*read)(void *user, uint64_t offset, uint8_t *buf, size_t len);
+  // Stores `len` bytes of `buf` as the page at `offset`. NULL: the store
+  // is read-only (its region is too).
+  int (*write)(void *user, uint64_t offset, const uint8_t *buf, size_t len);
+  // Makes written pages durable (called by flush). NULL: nothing to do.
   int (*flush)(void *user);
-  /*
-   Called once when the store is no longer used. NULL: nothing to do.
-   */
+  // Called once when the store is no longer used. NULL: nothing to do.
   void (*release)(void *user);
-  /*
-   Passed to every callback.
-   */
+  // Passed to every callback.
   void *user;
 } fl_store_ops;
 
@@ -167,191 +107,153 @@ typedef struct {
 extern "C" {
 #endif // __cplusplus
 
-/*
- The cause of this thread's last failed `fl_*` call, as text (empty if
- the last call succeeded). The pointer is valid until this thread's next
- `fl_*` call; never NULL.
- */
+// The cause of this thread's last failed `fl_*` call, as text (empty if
+// the last call succeeded). The pointer is valid until this thread's next
+// `fl_*` call; never NULL.
 const char *fl_last_error(void);
 
-/*
- The default configuration (the Rust `Config::default()`).
- */
-fl_config fl_config_default(void);
+// The default configuration (the Rust `Config::default()`).
+struct fl_config fl_config_default(void);
 
-/*
- Starts a manager (its pool, fault workers and reclaim thread) with
- `config` (NULL: the defaults). Returns NULL on failure: invalid config,
- no userfaultfd access, no memory; see `fl_last_error()`.
+// Starts a manager (its pool, fault workers and reclaim thread) with
+// `config` (NULL: the defaults). Returns NULL on failure: invalid config,
+// no userfaultfd access, no memory; see `fl_last_error()`.
+//
+// # Safety
+// `config` is NULL or points to a valid `fl_config`.
+struct fl_manager *fl_manager_new(const struct fl_config *config);
 
- # Safety
- `config` is NULL or points to a valid `fl_config`.
- */
-fl_manager *fl_manager_new(const fl_config *config);
+// Stops a manager made by `fl_manager_new` (NULL: nothing). Its regions
+// stay usable until each is freed.
+//
+// # Safety
+// `mm` is NULL or a manager from `fl_manager_new`, not used after this.
+void fl_manager_free(struct fl_manager *mm);
 
-/*
- Stops a manager made by `fl_manager_new` (NULL: nothing). Its regions
- stay usable until each is freed.
+// Changes the budget while the manager runs (a multiple of 2 MiB, at most
+// `budget_max`). Returns 0 or a negative errno (-EINVAL, -EBUSY when a
+// shrink could not free enough).
+//
+// # Safety
+// `mm` is a live manager from `fl_manager_new`.
+int32_t fl_manager_set_budget(struct fl_manager *mm, uint64_t bytes);
 
- # Safety
- `mm` is NULL or a manager from `fl_manager_new`, not used after this.
- */
-void fl_manager_free(fl_manager *mm);
+// Fills `*out` with `mm`'s counters. Returns 0 or -EINVAL.
+//
+// # Safety
+// `mm` is a live manager; `out` points to writable `fl_stats`.
+int32_t fl_manager_stats(const struct fl_manager *mm, struct fl_stats *out);
 
-/*
- Changes the budget while the manager runs (a multiple of 2 MiB, at most
- `budget_max`). Returns 0 or a negative errno (-EINVAL, -EBUSY when a
- shrink could not free enough).
+// Takes the oldest fault error (why a thread got SIGBUS) and copies its
+// text, NUL-terminated and truncated to `len`, into `buf`. Returns 1 if
+// there was one, 0 if none, or a negative errno.
+//
+// # Safety
+// `mm` is a live manager; `buf` points to `len` writable bytes.
+int32_t fl_manager_take_error(const struct fl_manager *mm, char *buf, size_t len);
 
- # Safety
- `mm` is a live manager from `fl_manager_new`.
- */
-int32_t fl_manager_set_budget(fl_manager *mm, uint64_t bytes);
+// 4 KiB pages, not pinned, anywhere.
+struct fl_map_options fl_map_options_default(void);
 
-/*
- Fills `*out` with `mm`'s counters. Returns 0 or -EINVAL.
+// Maps `len` bytes (a multiple of the page size) of zero-filled memory.
+// NULL on failure (see `fl_last_error()`).
+//
+// # Safety
+// `mm` is a live manager; `opts` is NULL or valid.
+struct fl_region *fl_map_zero(struct fl_manager *mm,
+                              uint64_t len,
+                              const struct fl_map_options *opts);
 
- # Safety
- `mm` is a live manager; `out` points to writable `fl_stats`.
- */
-int32_t fl_manager_stats(const fl_manager *mm, fl_stats *out);
+// Maps `len` bytes of the file open as `fd`, from byte `offset`; writes
+// go back to the file if `writable` (the fd must then be open for
+// writing). faultline keeps its own duplicate of `fd`: the caller may close
+// `fd` at once. NULL on failure.
+//
+// # Safety
+// `mm` is a live manager; `opts` is NULL or valid.
+struct fl_region *fl_map_file(struct fl_manager *mm,
+                              int32_t fd,
+                              uint64_t offset,
+                              uint64_t len,
+                              bool writable,
+                              const struct fl_map_options *opts);
 
-/*
- Takes the oldest fault error (why a thread got SIGBUS) and copies its
- text, NUL-terminated and truncated to `len`, into `buf`. Returns 1 if
- there was one, 0 if none, or a negative errno.
+// Maps `len` bytes over a store defined in C by `ops` (copied; see
+// `fl_store_ops` for the contract). The region is writable if `ops->write`
+// is set. NULL on failure; `ops->release` is then called at once.
+//
+// # Safety
+// `mm` is a live manager; `ops` points to a valid `fl_store_ops` whose
+// callbacks keep its contract; `opts` is NULL or valid.
+struct fl_region *fl_map_store(struct fl_manager *mm,
+                               const struct fl_store_ops *ops,
+                               uint64_t len,
+                               const struct fl_map_options *opts);
 
- # Safety
- `mm` is a live manager; `buf` points to `len` writable bytes.
- */
-int32_t fl_manager_take_error(const fl_manager *mm, char *buf, uintptr_t len);
+// The region's first byte (NULL if `r` is NULL).
+//
+// # Safety
+// `r` is NULL or a live region.
+uint8_t *fl_region_addr(const struct fl_region *r);
 
-/*
- 4 KiB pages, not pinned, anywhere.
- */
-fl_map_options fl_map_options_default(void);
+// The region's length in bytes (0 if `r` is NULL).
+//
+// # Safety
+// `r` is NULL or a live region.
+uint64_t fl_region_len(const struct fl_region *r);
 
-/*
- Maps `len` bytes (a multiple of the page size) of zero-filled memory.
- NULL on failure (see `fl_last_error()`).
+// Pages of the region mapped now (resident), or a negative errno.
+//
+// # Safety
+// `r` is a live region.
+int64_t fl_region_resident_pages(const struct fl_region *r);
 
- # Safety
- `mm` is a live manager; `opts` is NULL or valid.
- */
-fl_region *fl_map_zero(fl_manager *mm, uint64_t len, const fl_map_options *opts);
+// Writes the region's dirty pages back to its store and flushes the
+// store. 0, or a negative errno (the store's, or -EIO): pages that could
+// not be written stay dirty, and a later flush tries them again.
+//
+// # Safety
+// `r` is a live region.
+int32_t fl_region_flush(const struct fl_region *r);
 
-/*
- Maps `len` bytes of the file open as `fd`, from byte `offset`; writes
- go back to the file if `writable` (the fd must then be open for
- writing). faultline keeps its own duplicate of `fd`: the caller may close
- `fd` at once. NULL on failure.
+// Maps bytes `[offset, offset + len)` of the region now, so touching them
+// does not fault. Returns the pages mapped, or a negative errno.
+//
+// # Safety
+// `r` is a live region.
+int64_t fl_region_prefetch(const struct fl_region *r, uint64_t offset, uint64_t len);
 
- # Safety
- `mm` is a live manager; `opts` is NULL or valid.
- */
-fl_region *fl_map_file(fl_manager *mm,
-                       int32_t fd,
-                       uint64_t offset,
-                       uint64_t len,
-                       bool writable,
-                       const fl_map_options *opts);
+// Gives the pages of bytes `[offset, offset + len)` back at once, without
+// write-back: afterwards they read the store's copy (`zero == false`:
+// unwritten changes are dropped) or zeros (`zero == true`: the store's copy
+// is dropped too). Returns the 4 KiB frames freed, or a negative errno.
+//
+// # Safety
+// `r` is a live region.
+int64_t fl_region_discard(const struct fl_region *r, uint64_t offset, uint64_t len, bool zero);
 
-/*
- Maps `len` bytes over a store defined in C by `ops` (copied; see
- `fl_store_ops` for the contract). The region is writable if `ops->write`
- is set. NULL on failure; `ops->release` is then called at once.
+// Moves the resident pages of bytes `[offset, offset + len)` to pool
+// `pool` (0 is the budget). Returns the pages moved, or a negative errno.
+//
+// # Safety
+// `r` is a live region.
+int64_t fl_region_migrate(const struct fl_region *r, uint64_t offset, uint64_t len, uint32_t pool);
 
- # Safety
- `mm` is a live manager; `ops` points to a valid `fl_store_ops` whose
- callbacks keep its contract; `opts` is NULL or valid.
- */
-fl_region *fl_map_store(fl_manager *mm,
-                        const fl_store_ops *ops,
-                        uint64_t len,
-                        const fl_map_options *opts);
+// Collapses each 2 MiB block of bytes `[offset, offset + len)` (all of it
+// resident) into one 2 MiB page. Returns the 4 KiB pages collapsed, or a
+// negative errno.
+//
+// # Safety
+// `r` is a live region.
+int64_t fl_region_collapse(const struct fl_region *r, uint64_t offset, uint64_t len);
 
-/*
- The region's first byte (NULL if `r` is NULL).
-
- # Safety
- `r` is NULL or a live region.
- */
-uint8_t *fl_region_addr(const fl_region *r);
-
-/*
- The region's length in bytes (0 if `r` is NULL).
-
- # Safety
- `r` is NULL or a live region.
- */
-uint64_t fl_region_len(const fl_region *r);
-
-/*
- Pages of the region mapped now (resident), or a negative errno.
-
- # Safety
- `r` is a live region.
- */
-int64_t fl_region_resident_pages(const fl_region *r);
-
-/*
- Writes the region's dirty pages back to its store and flushes the
- store. 0, or a negative errno (the store's, or -EIO): pages that could
- not be written stay dirty, and a later flush tries them again.
-
- # Safety
- `r` is a live region.
- */
-int32_t fl_region_flush(const fl_region *r);
-
-/*
- Maps bytes `[offset, offset + len)` of the region now, so touching them
- does not fault. Returns the pages mapped, or a negative errno.
-
- # Safety
- `r` is a live region.
- */
-int64_t fl_region_prefetch(const fl_region *r, uint64_t offset, uint64_t len);
-
-/*
- Gives the pages of bytes `[offset, offset + len)` back at once, without
- write-back: afterwards they read the store's copy (`zero == false`:
- unwritten changes are dropped) or zeros (`zero == true`: the store's copy
- is dropped too). Returns the 4 KiB frames freed, or a negative errno.
-
- # Safety
- `r` is a live region.
- */
-int64_t fl_region_discard(const fl_region *r, uint64_t offset, uint64_t len, bool zero);
-
-/*
- Moves the resident pages of bytes `[offset, offset + len)` to pool
- `pool` (0 is the budget). Returns the pages moved, or a negative errno.
-
- # Safety
- `r` is a live region.
- */
-int64_t fl_region_migrate(const fl_region *r, uint64_t offset, uint64_t len, uint32_t pool);
-
-/*
- Collapses each 2 MiB block of bytes `[offset, offset + len)` (all of it
- resident) into one 2 MiB page. Returns the 4 KiB pages collapsed, or a
- negative errno.
-
- # Safety
- `r` is a live region.
- */
-int64_t fl_region_collapse(const fl_region *r, uint64_t offset, uint64_t len);
-
-/*
- Flushes the region and unmaps it. If the flush fails, the region is
- kept (still mapped, its dirty pages in memory) and a negative errno
- returned: free space or fix the store and call again. NULL: nothing.
-
- # Safety
- `r` is NULL or a live region, not used after a 0 return.
- */
-int32_t fl_region_free(fl_region *r);
+// Flushes the region and unmaps it. If the flush fails, the region is
+// kept (still mapped, its dirty pages in memory) and a negative errno
+// returned: free space or fix the store and call again. NULL: nothing.
+//
+// # Safety
+// `r` is NULL or a live region, not used after a 0 return.
+int32_t fl_region_free(struct fl_region *r);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -62,7 +62,9 @@ pub(crate) fn guard<T>(
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown".into());
-            set_last(&format!("internal error (a faultline bug): panicked: {what}"));
+            set_last(&format!(
+                "internal error (a faultline bug): panicked: {what}"
+            ));
             on_error(libc::EFAULT)
         }
     }

@@ -80,7 +80,9 @@ pub unsafe extern "C" fn fl_manager_new(config: *const fl_config) -> *mut fl_man
         |_| std::ptr::null_mut(),
         || {
             // SAFETY: the caller passes NULL or a valid fl_config.
-            let c = unsafe { config.as_ref() }.copied().unwrap_or_else(|| fl_config_default());
+            let c = unsafe { config.as_ref() }
+                .copied()
+                .unwrap_or_else(|| fl_config_default());
             let mm = faultline::ManagerBuilder::from_config(to_config(&c)?)
                 .build()
                 .map_err(|e| Failure::new(libc::EINVAL, e))?;

@@ -46,7 +46,9 @@ pub extern "C" fn fl_map_options_default() -> fl_map_options {
 
 fn to_options(opts: *const fl_map_options) -> Result<MapOptions, Failure> {
     // SAFETY: the callers' contracts: NULL or a valid fl_map_options.
-    let o = unsafe { opts.as_ref() }.copied().unwrap_or_else(|| fl_map_options_default());
+    let o = unsafe { opts.as_ref() }
+        .copied()
+        .unwrap_or_else(|| fl_map_options_default());
     let size = match o.page_size {
         4096 => PageSize::Base4K,
         0x20_0000 => PageSize::Huge2M,
@@ -304,7 +306,11 @@ pub unsafe extern "C" fn fl_region_discard(
         |e| -i64::from(e),
         || {
             let range = byte_range(offset, len)?;
-            let how = if zero { Discard::Zero } else { Discard::KeepStore };
+            let how = if zero {
+                Discard::Zero
+            } else {
+                Discard::KeepStore
+            };
             // SAFETY: per the contract.
             let n = either!(unsafe { region(r) }?, x => x.discard(range, how));
             n.map(|n| n as i64).map_err(fault_failure)

@@ -28,8 +28,9 @@ use std::ffi::{c_int, c_void};
 #[derive(Debug, Clone, Copy)]
 pub struct fl_store_ops {
     /// Fills `buf` (`len` bytes) with the page at `offset`. Required.
-    pub read:
-        Option<unsafe extern "C" fn(user: *mut c_void, offset: u64, buf: *mut u8, len: usize) -> c_int>,
+    pub read: Option<
+        unsafe extern "C" fn(user: *mut c_void, offset: u64, buf: *mut u8, len: usize) -> c_int,
+    >,
     /// Stores `len` bytes of `buf` as the page at `offset`. NULL: the store
     /// is read-only (its region is too).
     pub write: Option<

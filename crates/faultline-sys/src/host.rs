@@ -311,24 +311,6 @@ pub fn pin_thread(cpu: usize) -> Result<(), crate::SysError> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn facts_are_sane() {
-        assert!(physical_memory() > 64 << 20);
-        assert_eq!(page_size(), crate::PAGE_SIZE);
-        assert!(current_cpu() < 4096);
-        assert!(online_cpus() >= 1);
-        let a = cycles();
-        let b = cycles();
-        assert!(b >= a);
-        let nodes = numa_nodes();
-        assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
-    }
-}
-
 /// Whether the open file `file` was opened for writing (its access mode,
 /// `fcntl(F_GETFL)`, is `O_WRONLY` or `O_RDWR`).
 pub fn opened_for_writing(file: &std::fs::File) -> Result<bool, crate::SysError> {
@@ -346,4 +328,22 @@ pub fn set_errno(errno: i32) {
     // SAFETY: __errno_location returns the calling thread's errno slot,
     // valid for the thread's life.
     unsafe { *libc::__errno_location() = errno };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_sane() {
+        assert!(physical_memory() > 64 << 20);
+        assert_eq!(page_size(), crate::PAGE_SIZE);
+        assert!(current_cpu() < 4096);
+        assert!(online_cpus() >= 1);
+        let a = cycles();
+        let b = cycles();
+        assert!(b >= a);
+        let nodes = numa_nodes();
+        assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
+    }
 }

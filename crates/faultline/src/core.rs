@@ -100,6 +100,9 @@ pub(crate) struct Core {
     pub(crate) reserve_cv: parking_lot::Condvar,
     /// The zeroing worker holds a frame it has not put in `reserve` yet.
     pub(crate) zeroing: AtomicBool,
+    /// Reclaim passes running now (`reclaim::reclaim`): a fault that finds
+    /// no frame waits for them rather than being refused.
+    pub(crate) reclaiming: AtomicUsize,
     stopping: AtomicBool,
     /// Nested faults: lenders and the standby's trigger (`nesting.rs`).
     pub(crate) nesting: Nesting,
@@ -146,6 +149,7 @@ impl Core {
             reserve: Mutex::new(Vec::new()),
             reserve_cv: parking_lot::Condvar::new(),
             zeroing: AtomicBool::new(false),
+            reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),
             trace: Mutex::new(Vec::new()),

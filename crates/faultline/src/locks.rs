@@ -115,6 +115,11 @@ impl FaultLocks {
         }
     }
 
+    /// How many locks the table has.
+    pub fn count(&self) -> usize {
+        self.locks.len()
+    }
+
     /// Index of the lock of `(domain, page)`.
     pub fn index(&self, domain: u64, page: u64) -> usize {
         // A multiplicative hash (Fibonacci hashing) of both keys, so that

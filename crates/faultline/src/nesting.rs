@@ -43,6 +43,8 @@ pub(crate) struct Nesting {
     lending: AtomicUsize,
     /// Workers inside a store-backed fault.
     busy: AtomicUsize,
+    /// Store-backed faults being served, by workers and the standby.
+    serving: AtomicUsize,
     /// Store-backed faults finished so far.
     busy_exits: AtomicU64,
     /// Wakes the standby when every worker is busy, or at shutdown.
@@ -58,6 +60,7 @@ impl Nesting {
             lenders: Mutex::new(Vec::new()),
             lending: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
+            serving: AtomicUsize::new(0),
             busy_exits: AtomicU64::new(0),
             standby_cv: Condvar::new(),
             standby_mx: Mutex::new(()),
@@ -114,9 +117,19 @@ impl Nesting {
         Busy { nesting: self }
     }
 
-    /// Workers inside a store-backed fault now (a hint).
-    pub(crate) fn busy(&self) -> usize {
-        self.busy.load(Ordering::Relaxed)
+    /// Counts a store-backed fault being served (by a worker or the
+    /// standby) until the guard drops.
+    pub(crate) fn enter_serving(&self) -> Serving<'_> {
+        // Relaxed: a hint for `reclaim::nothing_to_wait_for`, which only
+        // decides whether to go on waiting.
+        self.serving.fetch_add(1, Ordering::Relaxed);
+        Serving { nesting: self }
+    }
+
+    /// Store-backed faults being served now, the standby's included (a
+    /// hint).
+    pub(crate) fn serving(&self) -> usize {
+        self.serving.load(Ordering::Relaxed)
     }
 
     fn all_busy(&self) -> bool {
@@ -189,6 +202,17 @@ impl Drop for Busy<'_> {
     fn drop(&mut self) {
         self.nesting.busy_exits.fetch_add(1, Ordering::Relaxed);
         self.nesting.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A store-backed fault being served ([`Nesting::enter_serving`]).
+pub(crate) struct Serving<'a> {
+    nesting: &'a Nesting,
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.nesting.serving.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

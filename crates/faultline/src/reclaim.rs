@@ -39,6 +39,7 @@ use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::writeback;
 use faultline_sys::PAGE_SIZE;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
@@ -74,39 +75,85 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
     let want = (1usize << order).max(core.config.experiment.pcp_batch);
     for _ in 0..4 {
         let freed = reclaim(core, want, held, || false);
-        if let Some(f) = core.alloc.alloc(order) {
+        if let Some(f) = take_freed(core, order) {
             return Some(f);
         }
         if freed == 0 && nothing_to_wait_for(core) {
-            return None;
+            // A pass that ended meanwhile may have freed a frame.
+            return take_freed(core, order);
         }
     }
     // Still nothing: the reclaimable pages may be under fault locks other
     // workers hold for a moment (with a budget of a few frames, two
     // concurrent faults can hold every one), or the frames just freed
-    // went to another fault. Wait for them rather than fail the fault —
-    // up to 2 s, then the fault is refused (SIGBUS, cause queued).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while std::time::Instant::now() < deadline && !nothing_to_wait_for(core) {
+    // went to other faults (with a budget of one frame and many threads
+    // faulting, they take turns). Wait rather than fail the fault: while
+    // other faults are being served the wait goes on (up to
+    // `WAIT_SERVED`); after `WAIT_STUCK` without any, the fault is
+    // refused (SIGBUS, cause queued).
+    let start = std::time::Instant::now();
+    let (mut seen, mut since) = (faults_served(core), start);
+    while since.elapsed() < WAIT_STUCK
+        && start.elapsed() < WAIT_SERVED
+        && !nothing_to_wait_for(core)
+    {
         std::thread::sleep(std::time::Duration::from_micros(200));
         reclaim(core, want, held, || false);
-        if let Some(f) = core.alloc.alloc(order) {
+        if let Some(f) = take_freed(core, order) {
             Stats::bump(&core.stats.reclaim_waits);
             return Some(f);
         }
+        let now = faults_served(core);
+        if now != seen {
+            (seen, since) = (now, std::time::Instant::now());
+        }
+    }
+    take_freed(core, order)
+}
+
+/// How long a fault waits for a frame while no other fault is served.
+const WAIT_STUCK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a fault waits for a frame while others are served.
+const WAIT_SERVED: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn faults_served(core: &Core) -> u64 {
+    core.stats.faults_4k.load(Ordering::Relaxed) + core.stats.faults_2m.load(Ordering::Relaxed)
+}
+
+/// A frame of `order` after a reclaim pass. The zeroing worker may have
+/// taken the frame just freed to clear it (with a budget of one frame, the
+/// only one): wait for it to publish, and take the reserve back.
+fn take_freed(core: &Core, order: u8) -> Option<Frame> {
+    if let Some(f) = core.alloc.alloc(order) {
+        return Some(f);
+    }
+    core.await_zeroing();
+    if core.drain_reserve() > 0 {
+        return core.alloc.alloc(order);
     }
     None
 }
 
 /// Whether no frame can come: no region may be reclaimed at all, or none
 /// holds a frame reclaim could take while no other store-backed fault is in
-/// flight (one may be about to record a page reclaim can then take). An
+/// flight (one may be about to record a page reclaim can then take; the
+/// standby's count too). An
 /// unservable fault is then refused at once (SIGBUS, cause queued), not
 /// after the wait.
+///
+/// A reclaim pass running elsewhere (the background reclaimer, or another
+/// fault's) is something to wait for: it may hold the last frame between
+/// taking a page out of its region and freeing it (with a budget of one
+/// frame, it always does). Acquire pairs with the Release decrement in
+/// [`Passing::drop`], made after the pass freed its frames.
 fn nothing_to_wait_for(core: &Core) -> bool {
+    if core.reclaiming.load(Ordering::Acquire) > 0 {
+        return false;
+    }
     let regions = core.table.snapshot();
     !regions.iter().any(|r| reclaimable(r))
-        || (!regions.iter().any(|r| worth_walking(r)) && core.nesting.busy() <= 1)
+        || (!regions.iter().any(|r| worth_walking(r)) && core.nesting.serving() <= 1)
 }
 
 /// The background reclaimer's period.
@@ -201,6 +248,24 @@ fn worth_walking(r: &RegionInner) -> bool {
     reclaimable(r) && r.holding() > 0
 }
 
+/// Counts a reclaim pass in `Core::reclaiming` for as long as it runs.
+struct Passing<'a>(&'a Core);
+
+impl<'a> Passing<'a> {
+    fn new(core: &'a Core) -> Passing<'a> {
+        core.reclaiming.fetch_add(1, Ordering::Relaxed);
+        Passing(core)
+    }
+}
+
+impl Drop for Passing<'_> {
+    fn drop(&mut self) {
+        // Release: the pass's frees happen-before a waiter that sees the
+        // count drop (Acquire in `nothing_to_wait_for`).
+        self.0.reclaiming.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// Advances the clock until `want` 4 KiB pages' worth of frames were freed,
 /// `enough()` says stop, or two full turns passed. Returns pages freed.
 /// `held`: the index of a fault lock the caller already holds (a worker
@@ -215,6 +280,7 @@ pub(crate) fn reclaim(
     // The snapshot, borrowed (no reference count touched per region). The
     // hand visits only pages in use (`RegionInner::next_used`): two turns
     // are about twice the pages holding frames.
+    let _passing = Passing::new(core);
     let snap = core.table.snapshot();
     let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
     let total: usize = regions

@@ -106,7 +106,9 @@ impl UmapConfig {
         c.reclaim_low_pct = (100 - self.high_water) as usize;
         c.reclaim_high_pct = (100 - self.low_water) as usize;
         if self.read_ahead > 0 {
-            c.readahead_max = (self.read_ahead.min(512) as usize).next_power_of_two().min(512);
+            c.readahead_max = (self.read_ahead.min(512) as usize)
+                .next_power_of_two()
+                .min(512);
         }
         Ok(c)
     }

@@ -31,8 +31,12 @@ struct Failure(c_int, String);
 /// Runs `body`; on failure (or a caught panic) prints the cause, sets
 /// `errno` and returns `failed`.
 fn guard<T>(name: &str, failed: T, body: impl FnOnce() -> Result<T, Failure>) -> T {
-    let outcome = catch_unwind(AssertUnwindSafe(body))
-        .unwrap_or_else(|_| Err(Failure(libc::EFAULT, "internal error (a faultline bug)".into())));
+    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        Err(Failure(
+            libc::EFAULT,
+            "internal error (a faultline bug)".into(),
+        ))
+    });
     match outcome {
         Ok(v) => v,
         Err(Failure(errno, why)) => {
@@ -87,14 +91,20 @@ unsafe fn map(
         return Err(invalid("length is 0"));
     }
     if prot & !(libc::PROT_READ | libc::PROT_WRITE) != 0 {
-        return Err(invalid(format!("prot {prot:#x}: PROT_READ and/or PROT_WRITE only")));
+        return Err(invalid(format!(
+            "prot {prot:#x}: PROT_READ and/or PROT_WRITE only"
+        )));
     }
     if flags & libc::MAP_PRIVATE == 0 || flags & !(libc::MAP_PRIVATE | libc::MAP_FIXED) != 0 {
-        return Err(invalid(format!("flags {flags:#x}: UMAP_PRIVATE, optionally | UMAP_FIXED")));
+        return Err(invalid(format!(
+            "flags {flags:#x}: UMAP_PRIVATE, optionally | UMAP_FIXED"
+        )));
     }
     let sys_page = faultline_sys::host::page_size() as i64;
     if offset < 0 || offset % sys_page != 0 {
-        return Err(invalid(format!("offset {offset} is not a multiple of {sys_page}")));
+        return Err(invalid(format!(
+            "offset {offset} is not a multiple of {sys_page}"
+        )));
     }
     let page = cfg.faultline_page().map_err(invalid)?;
     let len = length
@@ -129,7 +139,12 @@ fn open_store(fd: c_int, offset: u64, writable: bool) -> Result<faultline::store
     // not open fails there with EBADF.
     let own = unsafe { BorrowedFd::borrow_raw(fd) }
         .try_clone_to_owned()
-        .map_err(|e| Failure(e.raw_os_error().unwrap_or(libc::EBADF), format!("fd {fd}: {e}")))?;
+        .map_err(|e| {
+            Failure(
+                e.raw_os_error().unwrap_or(libc::EBADF),
+                format!("fd {fd}: {e}"),
+            )
+        })?;
     let file = std::fs::File::from(own);
     if writable && !faultline_sys::host::opened_for_writing(&file).unwrap_or(false) {
         return Err(Failure(
@@ -169,10 +184,16 @@ pub extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
             .find(addr as usize)
             .map(|m| m.range().start)
             .ok_or_else(|| invalid(format!("{addr:?}: no umap region")))?;
-        let region = reg.regions.remove(&start).ok_or_else(|| invalid("vanished"))?;
+        let region = reg
+            .regions
+            .remove(&start)
+            .ok_or_else(|| invalid("vanished"))?;
         region.close().map(|()| 0).map_err(|(region, e)| {
             reg.regions.insert(start, region);
-            Failure(e.errno().unwrap_or(libc::EIO), format!("write-back failed: {e}"))
+            Failure(
+                e.errno().unwrap_or(libc::EIO),
+                format!("write-back failed: {e}"),
+            )
         })
     })
 }

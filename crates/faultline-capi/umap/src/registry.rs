@@ -121,6 +121,9 @@ fn spawn_monitor(mm: Manager, secs: u64) {
                 s.service.p50_ns,
                 s.service.p99_ns
             );
+            while let Some(e) = mm.take_error() {
+                eprintln!("umap monitor (faultline): fault error: {e}");
+            }
         });
     if let Err(e) = spawned {
         eprintln!("umap (faultline): UMAP_MONITOR_FREQ: no monitor thread: {e}");

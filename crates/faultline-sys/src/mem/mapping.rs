@@ -259,6 +259,28 @@ impl Mapping {
         }
     }
 
+    /// Unmaps the parts still this mapping's now, rather than when it is
+    /// dropped (which then unmaps nothing): the address range is free for
+    /// new mappings when this returns. Nothing in a child of `fork()`.
+    ///
+    /// # Safety
+    /// Nothing may access the range, or move pages into it, afterwards.
+    pub unsafe fn unmap_now(&self) -> Result<(), SysError> {
+        if self.pid != crate::host::process_id() {
+            return Ok(());
+        }
+        let mut first = Ok(());
+        for (s, e) in self.live_ranges() {
+            // SAFETY: a range this mapping owns; the caller vouches that
+            // nothing uses it any more.
+            if unsafe { libc::munmap(s as *mut libc::c_void, e - s) } != 0 && first.is_ok() {
+                first = Err(SysError::last("munmap", s, e - s));
+            }
+        }
+        self.mark_gone(self.addr(), self.addr() + self.len);
+        first
+    }
+
     /// The sub-ranges still this mapping's (all of it unless the program
     /// unmapped parts), in address order.
     pub fn live_ranges(&self) -> Vec<(usize, usize)> {

@@ -73,6 +73,46 @@ fn teardown(core: &Core, r: &RegionInner) {
         free_window(core, r, w, &mut freed);
     }
     core.alloc.free_bulk(&mut freed);
+    release_range(core, r);
+}
+
+/// Unmaps the region's range now, so that it is free for new mappings when
+/// the drop returns (a worker may hold the region for long after, in its
+/// lookup cache). First every fault lock of the region is taken and let go
+/// once: a worker still inside a fault of this region (begun before
+/// `dying` was set) has finished, and any later one sees `dying` and moves
+/// nothing in. If a lock stays held (a stuck store call), the range is left
+/// to be unmapped with the last reference.
+fn release_range(core: &Core, r: &RegionInner) {
+    let step = r.window(0).len().max(1);
+    let windows = r.pages().div_ceil(step);
+    let mut idx: Vec<usize> = if windows >= core.locks.count() {
+        (0..core.locks.count()).collect()
+    } else {
+        (0..windows)
+            .map(|w| {
+                let (domain, key) = r.lock_key(w * step);
+                core.locks.index(domain, key)
+            })
+            .collect()
+    };
+    if core
+        .locks
+        .lock_all_within(&mut idx, SHUTDOWN_WAIT)
+        .is_none()
+    {
+        return;
+    }
+    // SAFETY: the region is out of the table, unregistered and dying, its
+    // frames are freed, and no worker is inside one of its faults (all its
+    // locks were taken after `dying` was set): nothing touches the range
+    // or moves pages into it any more.
+    if let Err(e) = unsafe { r.map.unmap_now() } {
+        core.record(FaultError::Move {
+            addr: r.start(),
+            source: e,
+        });
+    }
 }
 
 /// Takes back the frames of window `w` (its pages under its locks), pushing

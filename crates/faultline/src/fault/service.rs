@@ -205,6 +205,7 @@ pub(crate) fn handle(
         // itself: it serves until a worker finishes.)
         let _busy = (worker < core.config.workers && !region.store.is_zero())
             .then(|| core.nesting.enter_busy());
+        let _serving = (!region.store.is_zero()).then(|| core.nesting.enter_serving());
         let guard = if lent {
             None
         } else {

@@ -1,0 +1,112 @@
+//! Builds the C test programs in `tests/c/` with the system's `cc` against
+//! this workspace's `libfaultline.so` / `libumap.so` and runs them, each in
+//! a scratch directory of its own. Shared by the two packages' tests
+//! (`#[path]`-included); nothing here is global.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The directory cargo put this build's libraries in (the test binary runs
+/// from `<target>/<profile>/deps`, the libraries are one level up).
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("<target>/<profile>")
+        .to_path_buf()
+}
+
+/// `crates/faultline-capi`.
+pub fn capi_dir() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if here.ends_with("umap") {
+        here.parent().expect("crates/faultline-capi").to_path_buf()
+    } else {
+        here.to_path_buf()
+    }
+}
+
+/// A scratch directory for one test, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("faultline-capi-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Fails the test with the reason if this process cannot use userfaultfd
+/// (the C programs would fail less clearly).
+pub fn require_userfaultfd() {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok();
+    assert!(
+        ok,
+        "this test needs userfaultfd: run as root or with read-write access to /dev/userfaultfd"
+    );
+}
+
+/// Compiles `tests/c/<name>.c` into `out`, linked with `-l<lib>`.
+pub fn compile(name: &str, lib: &str, out: &Path) -> PathBuf {
+    let src = capi_dir().join("tests/c").join(format!("{name}.c"));
+    let exe = out.join(name);
+    let status = Command::new("cc")
+        .args([
+            "-std=gnu11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+        ])
+        .arg("-I")
+        .arg(capi_dir().join("include"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(lib_dir())
+        .arg(format!("-l{lib}"))
+        .status()
+        .expect("this test needs a C compiler: `cc` not found");
+    assert!(status.success(), "cc {} failed", src.display());
+    exe
+}
+
+/// Runs `exe` with `args` and `env`, the libraries on `LD_LIBRARY_PATH`;
+/// fails the test with the program's output unless it exits 0.
+pub fn run(exe: &Path, args: &[&str], env: &[(&str, String)]) -> String {
+    let out = Command::new(exe)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .expect("run the C program");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{} {args:?} with {env:?} failed ({}):\n{text}",
+        exe.display(),
+        out.status
+    );
+    text
+}
