@@ -35,6 +35,7 @@ use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove;
+use crate::publish::{self, Publisher};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::writeback;
@@ -117,11 +118,21 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The background reclaimer: wakes every [`TICK`] and, when free memory is
 /// below the low watermark, reclaims up to the high one; while a pass frees
-/// nothing it sleeps longer, up to [`IDLE_MAX`].
-pub(crate) fn run(core: &Core) {
+/// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
+/// stats file, if any, every [`publish::PERIOD`] (with `Config::reclaim`
+/// off, that is all it does).
+pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut idle = TICK;
     let mut above = Above::default();
+    let mut published = std::time::Instant::now();
     loop {
+        if let Some(p) = publisher.as_mut() {
+            idle = idle.min(publish::PERIOD);
+            if published.elapsed() >= publish::PERIOD {
+                p.publish(core);
+                published = std::time::Instant::now();
+            }
+        }
         // The budget may change at run time (`Manager::set_budget`).
         let pages = budget::budget_pages(core);
         let low = pages * core.config.reclaim_low_pct / 100;
@@ -134,6 +145,10 @@ pub(crate) fn run(core: &Core) {
         }
         if core.is_stopping() {
             return;
+        }
+        if !core.config.reclaim {
+            idle = publish::PERIOD;
+            continue;
         }
         above.note(core, high);
         let mut free = budget::free_pages(core);
