@@ -81,9 +81,9 @@ impl<'a> Rates<'a> {
     }
 }
 
-const HEADER: [&str; 17] = [
+const HEADER: [&str; 18] = [
     "manager", "faults/s", "p50us", "p99us", "resMiB", "parkMiB", "freeMiB", "budgetMiB", "park/s",
-    "evict/s", "wback/s", "rahead/s", "sread/s", "sread-us", "swrite/s", "swrite-us", "migr/s",
+    "evict/s", "wback/s", "rahead/s", "sread/s", "sread-us", "swrite/s", "swrite-us", "migr/s", "errors",
 ];
 
 fn line(r: &Rates) -> Vec<String> {
@@ -118,6 +118,7 @@ fn line(r: &Rates) -> Vec<String> {
         rate("store_writes_count"),
         mean("store_writes"),
         rate("migrated_pages"),
+        format!("{:.0}", f(p, "errors")),
     ]
 }
 
