@@ -134,9 +134,13 @@ pub fn run(opts: &DemoOpts) -> anyhow::Result<()> {
         .iter()
         .map(|(t, r)| serde_json::json!({"phase": "out-of-core (random 4 KiB, 25% writes)", "t_s": t, "ops_per_s": r}))
         .collect();
-    let report = serde_json::json!({"bench": "demo", "machine": crate::report::machine(), "rows": rows});
+    let report =
+        serde_json::json!({"bench": "demo", "machine": crate::report::machine(), "rows": rows});
     match crate::plot::draw(&report, &plot) {
-        Ok(()) => println!("\nplot of the out-of-core run (ops/s over time): {}", plot.display()),
+        Ok(()) => println!(
+            "\nplot of the out-of-core run (ops/s over time): {}",
+            plot.display()
+        ),
         Err(e) => println!("\n(no plot of the run: {e})"),
     }
     println!(

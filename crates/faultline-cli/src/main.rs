@@ -4,8 +4,8 @@
 
 mod bench;
 mod demo;
-mod report;
 mod plot;
+mod report;
 mod soak;
 mod stat;
 

@@ -55,92 +55,118 @@ fn any(_: &Value) -> bool {
 /// The panels of experiment `bench`'s figure and its title.
 fn figure(bench: &str) -> Option<(&'static str, Vec<Panel>)> {
     Some(match bench {
-        "clear-order" => ("anon-w-seq: fill order", vec![Panel::Bars {
-            filter: any,
-            category: &["order"],
-            series: &["writers", "pressure"],
-            y: "gb_per_s",
-            whisker: None,
-            y_label: "GB/s written (median)",
-        }]),
-        "alloc" => ("frame allocator: cost per page", vec![Panel::Lines {
-            filter: |r| r["kind"] == "alloc",
-            x: "batch",
-            log_x: true,
-            y: "total_ns",
-            series: &["mode", "threads"],
-            x_label: "batch (frames, log scale)",
-            y_label: "ns per page (alloc + free)",
-        }]),
-        "lookup" => ("region lookup per cache", vec![
-            Panel::Bars {
+        "clear-order" => (
+            "anon-w-seq: fill order",
+            vec![Panel::Bars {
                 filter: any,
-                category: &["trace"],
-                series: &["cache"],
-                y: "ns_per_lookup",
+                category: &["order"],
+                series: &["writers", "pressure"],
+                y: "gb_per_s",
                 whisker: None,
-                y_label: "ns per lookup",
-            },
-            Panel::Bars {
+                y_label: "GB/s written (median)",
+            }],
+        ),
+        "alloc" => (
+            "frame allocator: cost per page",
+            vec![Panel::Lines {
+                filter: |r| r["kind"] == "alloc",
+                x: "batch",
+                log_x: true,
+                y: "total_ns",
+                series: &["mode", "threads"],
+                x_label: "batch (frames, log scale)",
+                y_label: "ns per page (alloc + free)",
+            }],
+        ),
+        "lookup" => (
+            "region lookup per cache",
+            vec![
+                Panel::Bars {
+                    filter: any,
+                    category: &["trace"],
+                    series: &["cache"],
+                    y: "ns_per_lookup",
+                    whisker: None,
+                    y_label: "ns per lookup",
+                },
+                Panel::Bars {
+                    filter: any,
+                    category: &["trace"],
+                    series: &["cache"],
+                    y: "hit_rate",
+                    whisker: None,
+                    y_label: "hit rate (fraction)",
+                },
+            ],
+        ),
+        "parallel-fault" => (
+            "parallel faults on 2 MiB pages",
+            vec![Panel::Lines {
                 filter: any,
-                category: &["trace"],
-                series: &["cache"],
-                y: "hit_rate",
+                x: "threads",
+                log_x: false,
+                y: "seconds",
+                series: &["locks", "store_latency_us"],
+                x_label: "threads",
+                y_label: "seconds to fault the region (median)",
+            }],
+        ),
+        "migrate" => (
+            "migration between pools",
+            vec![Panel::Lines {
+                filter: |r| r.get("gb_per_s").is_some(),
+                x: "threads",
+                log_x: false,
+                y: "gb_per_s",
+                series: &["case", "copy"],
+                x_label: "copy threads",
+                y_label: "GB/s (median)",
+            }],
+        ),
+        "fault" => (
+            "first-touch fault latency",
+            vec![Panel::Bars {
+                filter: any,
+                category: &["page", "access"],
+                series: &["system"],
+                y: "median_us",
+                whisker: Some("p99_us"),
+                y_label: "µs per fault (bar: p50, whisker: p99)",
+            }],
+        ),
+        "out-of-core" => (
+            "out-of-core: file 4x the memory",
+            vec![Panel::Bars {
+                filter: any,
+                category: &["pattern"],
+                series: &["system", "hint"],
+                y: "ops_per_s",
                 whisker: None,
-                y_label: "hit rate (fraction)",
-            },
-        ]),
-        "parallel-fault" => ("parallel faults on 2 MiB pages", vec![Panel::Lines {
-            filter: any,
-            x: "threads",
-            log_x: false,
-            y: "seconds",
-            series: &["locks", "store_latency_us"],
-            x_label: "threads",
-            y_label: "seconds to fault the region (median)",
-        }]),
-        "migrate" => ("migration between pools", vec![Panel::Lines {
-            filter: |r| r.get("gb_per_s").is_some(),
-            x: "threads",
-            log_x: false,
-            y: "gb_per_s",
-            series: &["case", "copy"],
-            x_label: "copy threads",
-            y_label: "GB/s (median)",
-        }]),
-        "fault" => ("first-touch fault latency", vec![Panel::Bars {
-            filter: any,
-            category: &["page", "access"],
-            series: &["system"],
-            y: "median_us",
-            whisker: Some("p99_us"),
-            y_label: "µs per fault (bar: p50, whisker: p99)",
-        }]),
-        "out-of-core" => ("out-of-core: file 4x the memory", vec![Panel::Bars {
-            filter: any,
-            category: &["pattern"],
-            series: &["system", "hint"],
-            y: "ops_per_s",
-            whisker: None,
-            y_label: "page operations per second",
-        }]),
-        "demo" => ("faultline demo", vec![Panel::Lines {
-            filter: any,
-            x: "t_s",
-            log_x: false,
-            y: "ops_per_s",
-            series: &["phase"],
-            x_label: "time (s)",
-            y_label: "operations per second",
-        }]),
+                y_label: "page operations per second",
+            }],
+        ),
+        "demo" => (
+            "faultline demo",
+            vec![Panel::Lines {
+                filter: any,
+                x: "t_s",
+                log_x: false,
+                y: "ops_per_s",
+                series: &["phase"],
+                x_label: "time (s)",
+                y_label: "operations per second",
+            }],
+        ),
         _ => return None,
     })
 }
 
 /// `faultline plot BENCH.json -o FILE.png`.
 pub fn run_file(o: &PlotOpts) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&o.json).with_context(|| format!("reading {}", o.json.display()))?;
-    let v: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", o.json.display()))?;
+    let text = std::fs::read_to_string(&o.json)
+        .with_context(|| format!("reading {}", o.json.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", o.json.display()))?;
     draw(&v, &o.output)?;
     eprintln!("figure written to {}", o.output.display());
     Ok(())
@@ -161,10 +187,16 @@ fn font() -> anyhow::Result<()> {
         .iter()
         .map(PathBuf::from)
         .collect();
-        if let Ok(out) = std::process::Command::new("fc-match").args(["-f", "%{file}", "sans"]).output() {
+        if let Ok(out) = std::process::Command::new("fc-match")
+            .args(["-f", "%{file}", "sans"])
+            .output()
+        {
             candidates.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
         }
-        for path in candidates.iter().filter(|p| p.extension().is_some_and(|e| e == "ttf")) {
+        for path in candidates
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "ttf"))
+        {
             if let Ok(bytes) = std::fs::read(path) {
                 let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
                 if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
@@ -210,9 +242,14 @@ fn num(row: &Value, key: &str) -> Option<f64> {
 
 /// Draws report `v` (a `faultline bench --json` object) into `file`.
 pub fn draw(v: &Value, file: &Path) -> anyhow::Result<()> {
-    let bench = v["bench"].as_str().ok_or_else(|| anyhow!("not a bench report: no \"bench\""))?;
+    let bench = v["bench"]
+        .as_str()
+        .ok_or_else(|| anyhow!("not a bench report: no \"bench\""))?;
     let (what, panels) = figure(bench).ok_or_else(|| anyhow!("no figure for bench {bench:?}"))?;
-    let rows: Vec<&Value> = v["rows"].as_array().map(|r| r.iter().collect()).unwrap_or_default();
+    let rows: Vec<&Value> = v["rows"]
+        .as_array()
+        .map(|r| r.iter().collect())
+        .unwrap_or_default();
     if rows.is_empty() {
         bail!("the report has no rows");
     }
@@ -230,11 +267,26 @@ pub fn draw(v: &Value, file: &Path) -> anyhow::Result<()> {
     let areas = root.split_evenly((1, panels.len()));
     for (panel, area) in panels.iter().zip(areas.iter()) {
         match panel {
-            Panel::Lines { filter, x, log_x, y, series, x_label, y_label } => {
+            Panel::Lines {
+                filter,
+                x,
+                log_x,
+                y,
+                series,
+                x_label,
+                y_label,
+            } => {
                 let rows: Vec<&Value> = rows.iter().copied().filter(|r| filter(r)).collect();
                 lines(area, &rows, (x, *log_x, x_label), (y, y_label), series)?;
             }
-            Panel::Bars { filter, category, series, y, whisker, y_label } => {
+            Panel::Bars {
+                filter,
+                category,
+                series,
+                y,
+                whisker,
+                y_label,
+            } => {
                 let rows: Vec<&Value> = rows.iter().copied().filter(|r| filter(r)).collect();
                 bars(area, &rows, category, series, (y, *whisker, y_label))?;
             }
@@ -253,11 +305,16 @@ fn lines(
     (y, y_label): (&str, &str),
     series: &[&str],
 ) -> anyhow::Result<()> {
-    let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((num(r, x)?, num(r, y)?))).collect();
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| Some((num(r, x)?, num(r, y)?)))
+        .collect();
     if pts.is_empty() {
         bail!("no rows with {x} and {y}");
     }
-    let (x0, x1) = pts.iter().fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
+    let (x0, x1) = pts
+        .iter()
+        .fold((f64::MAX, f64::MIN), |a, p| (a.0.min(p.0), a.1.max(p.0)));
     let y1 = pts.iter().fold(0f64, |a, p| a.max(p.1)) * 1.1;
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
     let y1 = if y1 > 0.0 { y1 } else { 1.0 };
@@ -267,7 +324,11 @@ fn lines(
     macro_rules! body {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw()?;
+            chart
+                .configure_mesh()
+                .x_desc(x_label)
+                .y_desc(y_label)
+                .draw()?;
             for (i, name) in names.iter().enumerate() {
                 let color = Palette99::pick(i).to_rgba();
                 let mut p: Vec<(f64, f64)> = rows
@@ -279,7 +340,9 @@ fn lines(
                 chart
                     .draw_series(LineSeries::new(p.clone(), color.stroke_width(2)))?
                     .label(name.clone())
-                    .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 20, ly)], color.stroke_width(2)));
+                    .legend(move |(lx, ly)| {
+                        PathElement::new(vec![(lx, ly), (lx + 20, ly)], color.stroke_width(2))
+                    });
                 chart.draw_series(p.iter().map(|&q| Circle::new(q, 3, color.filled())))?;
             }
             chart
@@ -338,15 +401,24 @@ fn bars(
         let mut rects = Vec::new();
         let mut whiskers = Vec::new();
         for (ci, cat) in cats.iter().enumerate() {
-            let Some(r) = rows.iter().find(|r| label(r, category) == *cat && label(r, series) == *name) else {
+            let Some(r) = rows
+                .iter()
+                .find(|r| label(r, category) == *cat && label(r, series) == *name)
+            else {
                 continue;
             };
             let Some(v) = num(r, y) else { continue };
             let x0 = ci as f64 + 0.1 + si as f64 * width;
-            rects.push(Rectangle::new([(x0, 0.0), (x0 + width * 0.9, v)], color.filled()));
+            rects.push(Rectangle::new(
+                [(x0, 0.0), (x0 + width * 0.9, v)],
+                color.filled(),
+            ));
             if let Some(w) = whisker.and_then(|w| num(r, w)) {
                 let mid = x0 + width * 0.45;
-                whiskers.push(PathElement::new(vec![(mid, v), (mid, w)], BLACK.stroke_width(2)));
+                whiskers.push(PathElement::new(
+                    vec![(mid, v), (mid, w)],
+                    BLACK.stroke_width(2),
+                ));
                 whiskers.push(PathElement::new(
                     vec![(mid - width * 0.2, w), (mid + width * 0.2, w)],
                     BLACK.stroke_width(2),
@@ -356,7 +428,9 @@ fn bars(
         chart
             .draw_series(rects)?
             .label(name.clone())
-            .legend(move |(lx, ly)| Rectangle::new([(lx, ly - 5), (lx + 15, ly + 5)], color.filled()));
+            .legend(move |(lx, ly)| {
+                Rectangle::new([(lx, ly - 5), (lx + 15, ly + 5)], color.filled())
+            });
         chart.draw_series(whiskers)?;
     }
     chart

@@ -35,7 +35,10 @@ fn f(p: &Published, name: &str) -> f64 {
 fn sample(pid: Option<u32>) -> anyhow::Result<Vec<Published>> {
     let s = published::scan(pid)?;
     for r in &s.removed {
-        eprintln!("faultline stat: removed {} (its process is gone)", r.display());
+        eprintln!(
+            "faultline stat: removed {} (its process is gone)",
+            r.display()
+        );
     }
     for (path, e) in &s.unreadable {
         eprintln!("faultline stat: {}: {e}", path.display());
@@ -74,7 +77,8 @@ impl<'a> Rates<'a> {
     /// Mean latency (µs) of the calls summarized as `<prefix>_*` during the
     /// interval (over the whole run without a previous sample).
     fn mean_us(&self, prefix: &str) -> Option<f64> {
-        let sum = |p: &Published| f(p, &format!("{prefix}_mean_ns")) * f(p, &format!("{prefix}_count"));
+        let sum =
+            |p: &Published| f(p, &format!("{prefix}_mean_ns")) * f(p, &format!("{prefix}_count"));
         let n = self.delta(&format!("{prefix}_count"));
         let s = sum(self.now) - self.then.map_or(0.0, sum);
         (n > 0.0).then(|| s / n / 1e3)
@@ -82,8 +86,24 @@ impl<'a> Rates<'a> {
 }
 
 const HEADER: [&str; 18] = [
-    "manager", "faults/s", "p50us", "p99us", "resMiB", "parkMiB", "freeMiB", "budgetMiB", "park/s",
-    "evict/s", "wback/s", "rahead/s", "sread/s", "sread-us", "swrite/s", "swrite-us", "migr/s", "errors",
+    "manager",
+    "faults/s",
+    "p50us",
+    "p99us",
+    "resMiB",
+    "parkMiB",
+    "freeMiB",
+    "budgetMiB",
+    "park/s",
+    "evict/s",
+    "wback/s",
+    "rahead/s",
+    "sread/s",
+    "sread-us",
+    "swrite/s",
+    "swrite-us",
+    "migr/s",
+    "errors",
 ];
 
 fn line(r: &Rates) -> Vec<String> {
@@ -139,7 +159,12 @@ fn json_of(r: &Rates) -> Value {
     let p = r.now;
     let fields: Map<String, Value> = p
         .fields()
-        .map(|(n, v)| (n.to_string(), serde_json::to_value(v).unwrap_or(Value::Null)))
+        .map(|(n, v)| {
+            (
+                n.to_string(),
+                serde_json::to_value(v).unwrap_or(Value::Null),
+            )
+        })
         .collect();
     let mut rates = Map::new();
     if r.then.is_some() {
@@ -162,11 +187,17 @@ pub fn run(o: &StatOpts) -> anyhow::Result<()> {
     // A one-shot table shows rates over one second.
     let table_once = interval.is_none() && !o.json && !o.prometheus;
     if table_once {
-        prev = sample(o.pid)?.into_iter().map(|p| (p.path.clone(), p)).collect();
+        prev = sample(o.pid)?
+            .into_iter()
+            .map(|p| (p.path.clone(), p))
+            .collect();
         std::thread::sleep(Duration::from_secs(1));
     } else if !o.json && !o.prometheus {
         // The first line covers the first interval.
-        prev = sample(o.pid)?.into_iter().map(|p| (p.path.clone(), p)).collect();
+        prev = sample(o.pid)?
+            .into_iter()
+            .map(|p| (p.path.clone(), p))
+            .collect();
         std::thread::sleep(interval.unwrap_or_default());
     }
     let mut printed = 0u64;
@@ -177,8 +208,13 @@ pub fn run(o: &StatOpts) -> anyhow::Result<()> {
         let now = sample(o.pid)?;
         if now.is_empty() {
             match o.pid {
-                Some(p) => bail!("process {p} publishes no faultline stats (no manager, or publish_stats off)"),
-                None => bail!("no process publishes faultline stats in {}", published::STATS_DIR),
+                Some(p) => bail!(
+                    "process {p} publishes no faultline stats (no manager, or publish_stats off)"
+                ),
+                None => bail!(
+                    "no process publishes faultline stats in {}",
+                    published::STATS_DIR
+                ),
             }
         }
         if o.prometheus {

@@ -215,7 +215,9 @@ pub(crate) fn snapshot(c: &Core) -> (StatsSnapshot, Histogram<u64>) {
     let free = c.alloc.free_pages() + reserve + (held - withheld);
     drop(ledger);
     let merged = c.stats.merged_service();
-    let mut snap = c.stats.snapshot_of(&merged, c.pool.pages() - withheld, free);
+    let mut snap = c
+        .stats
+        .snapshot_of(&merged, c.pool.pages() - withheld, free);
     snap.budget_frames = crate::budget::budget_pages(c);
     snap.locks = c.locks.stat();
     snap.frames_prezeroed = reserve;
@@ -254,7 +256,13 @@ pub(crate) fn next_number() -> u32 {
 pub(crate) fn prometheus_of(core: &Core, number: u32) -> String {
     let (snap, merged) = snapshot(core);
     let (frames_resident, frames_parked) = count_states(core);
-    let q = |f: f64| if merged.is_empty() { 0 } else { merged.value_at_quantile(f) };
+    let q = |f: f64| {
+        if merged.is_empty() {
+            0
+        } else {
+            merged.value_at_quantile(f)
+        }
+    };
     let extra = Extra {
         published_unix_ns: unix_ns(),
         frames_resident,
@@ -326,8 +334,8 @@ impl Publisher {
         file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         (&file).write_all(&bytes)?;
         file.set_len(len as u64)?;
-        let map =
-            Mapping::shared_file(&file, len).map_err(|e| std::io::Error::from_raw_os_error(e.errno));
+        let map = Mapping::shared_file(&file, len)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno));
         let map = match map {
             Ok(m) => m,
             Err(e) => {
@@ -383,7 +391,13 @@ impl Publisher {
             self.states = count_states(core);
             self.next_walk = now + (now.elapsed() * 100).max(PERIOD);
         }
-        let q = |f: f64| if merged.is_empty() { 0 } else { merged.value_at_quantile(f) };
+        let q = |f: f64| {
+            if merged.is_empty() {
+                0
+            } else {
+                merged.value_at_quantile(f)
+            }
+        };
         let extra = Extra {
             published_unix_ns: unix_ns(),
             frames_resident: self.states.0,

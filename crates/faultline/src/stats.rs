@@ -231,7 +231,11 @@ impl LogHist {
     /// The bucket of `ns`: its power of two and the next two bits.
     fn bucket(ns: u64) -> usize {
         let exp = 63 - (ns | 1).leading_zeros() as usize;
-        let sub = if exp >= 2 { (ns >> (exp - 2)) & 3 } else { ns & 3 };
+        let sub = if exp >= 2 {
+            (ns >> (exp - 2)) & 3
+        } else {
+            ns & 3
+        };
         exp * 4 + sub as usize
     }
 
@@ -254,7 +258,11 @@ impl LogHist {
 
     /// Count, median, 99th percentile, maximum bucket and mean.
     pub(crate) fn summary(&self) -> LatencySummary {
-        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
             return LatencySummary::default();

@@ -139,7 +139,9 @@ fn fill_unit(
         Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
         Ok(FillSource::Store) => {
             if let Some(t0) = t0 {
-                core.stats.store_reads.record(t0.elapsed().as_nanos() as u64);
+                core.stats
+                    .store_reads
+                    .record(t0.elapsed().as_nanos() as u64);
             }
             Stats::bump(&core.stats.fills_store);
             if region.tracks_dirt() {

@@ -77,7 +77,9 @@ impl Published {
 
     /// Whether field `name` is a count that only grows (a rate makes sense).
     pub fn is_counter(&self, name: &str) -> bool {
-        self.fields.iter().any(|f| f.0 == name && f.1 == Kind::Counter)
+        self.fields
+            .iter()
+            .any(|f| f.0 == name && f.1 == Kind::Counter)
     }
 }
 
@@ -137,7 +139,10 @@ pub fn read_file(path: &Path) -> Result<Published, PublishedError> {
         for i in 0..n {
             let slot = &bytes[names_at + i * NAME_BYTES..names_at + (i + 1) * NAME_BYTES];
             let kind = Kind::of(slot[NAME_BYTES - 1]).ok_or(PublishedError::Format("kind"))?;
-            let end = slot[..NAME_BYTES - 1].iter().position(|&b| b == 0).unwrap_or(NAME_BYTES - 1);
+            let end = slot[..NAME_BYTES - 1]
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(NAME_BYTES - 1);
             let name = std::str::from_utf8(&slot[..end])
                 .map_err(|_| PublishedError::Format("name"))?
                 .to_string();
@@ -227,7 +232,15 @@ fn scan_in(dir: &Path, pid: Option<u32>) -> std::io::Result<Scan> {
 fn metric(name: &str, kind: Kind) -> Option<(String, &'static str, String, String, f64)> {
     const NS: f64 = 1e-9;
     const FRAME: f64 = 4096.0;
-    let q = |m: &str, q: &str| Some((m.to_string(), "summary", m.to_string(), format!("quantile=\"{q}\""), NS));
+    let q = |m: &str, q: &str| {
+        Some((
+            m.to_string(),
+            "summary",
+            m.to_string(),
+            format!("quantile=\"{q}\""),
+            NS,
+        ))
+    };
     let g = |m: &str, f: f64| Some((m.to_string(), "gauge", m.to_string(), String::new(), f));
     match name {
         "faults_4k" | "faults_2m" => Some((
@@ -245,20 +258,35 @@ fn metric(name: &str, kind: Kind) -> Option<(String, &'static str, String, Strin
         "store_reads_p99_ns" => q("faultline_store_read_seconds", "0.99"),
         "store_writes_p50_ns" => q("faultline_store_write_seconds", "0.5"),
         "store_writes_p99_ns" => q("faultline_store_write_seconds", "0.99"),
-        "service_count" => q("faultline_fault_service_seconds", "").map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
-        "store_reads_count" => q("faultline_store_read_seconds", "").map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
-        "store_writes_count" => q("faultline_store_write_seconds", "").map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
+        "service_count" => q("faultline_fault_service_seconds", "")
+            .map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
+        "store_reads_count" => q("faultline_store_read_seconds", "")
+            .map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
+        "store_writes_count" => q("faultline_store_write_seconds", "")
+            .map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
         "service_mean_ns" | "store_reads_mean_ns" | "store_writes_mean_ns" => None,
         "recent_service_count" => g("faultline_recent_fault_service_count", 1.0),
         "recent_service_p50_ns" => g("faultline_recent_fault_service_p50_seconds", NS),
         "recent_service_p99_ns" => g("faultline_recent_fault_service_p99_seconds", NS),
         "published_unix_ns" => g("faultline_published_timestamp_seconds", NS),
-        "locks_wait_ns" => Some(("faultline_lock_wait_seconds_total".into(), "counter", "faultline_lock_wait_seconds_total".into(), String::new(), NS)),
+        "locks_wait_ns" => Some((
+            "faultline_lock_wait_seconds_total".into(),
+            "counter",
+            "faultline_lock_wait_seconds_total".into(),
+            String::new(),
+            NS,
+        )),
         "budget_frames" => g("faultline_budget_bytes", FRAME),
         "frames_total" => g("faultline_pool_bytes", FRAME),
         n if n.starts_with("frames_") => g(&format!("faultline_{}_bytes", &n[7..]), FRAME),
         n if n.ends_with("_ns") => g(&format!("faultline_{}_seconds", &n[..n.len() - 3]), NS),
-        n if kind == Kind::Counter => Some((format!("faultline_{n}_total"), "counter", format!("faultline_{n}_total"), String::new(), 1.0)),
+        n if kind == Kind::Counter => Some((
+            format!("faultline_{n}_total"),
+            "counter",
+            format!("faultline_{n}_total"),
+            String::new(),
+            1.0,
+        )),
         n => g(&format!("faultline_{n}"), 1.0),
     }
 }
@@ -272,11 +300,12 @@ fn metric(name: &str, kind: Kind) -> Option<(String, &'static str, String, Strin
 pub fn prometheus(list: &[Published]) -> String {
     // family -> (type, samples); in first-seen order.
     let mut families: Vec<(String, &'static str, Vec<String>)> = Vec::new();
-    let mut add = |family: String, ty: &'static str, line: String| {
-        match families.iter_mut().find(|f| f.0 == family) {
-            Some(f) => f.2.push(line),
-            None => families.push((family, ty, vec![line])),
-        }
+    let mut add = |family: String, ty: &'static str, line: String| match families
+        .iter_mut()
+        .find(|f| f.0 == family)
+    {
+        Some(f) => f.2.push(line),
+        None => families.push((family, ty, vec![line])),
     };
     for p in list {
         let base = format!("pid=\"{}\",manager=\"{}\"", p.pid, p.manager);
@@ -284,17 +313,33 @@ pub fn prometheus(list: &[Published]) -> String {
             let Some((metric, ty, family, label, factor)) = metric(name, *kind) else {
                 continue;
             };
-            let labels = if label.is_empty() { base.clone() } else { format!("{base},{label}") };
-            add(family.clone(), ty, format!("{metric}{{{labels}}} {}", v.as_f64() * factor));
+            let labels = if label.is_empty() {
+                base.clone()
+            } else {
+                format!("{base},{label}")
+            };
+            add(
+                family.clone(),
+                ty,
+                format!("{metric}{{{labels}}} {}", v.as_f64() * factor),
+            );
         }
         for (summary, prefix) in [
             ("faultline_fault_service_seconds", "service"),
             ("faultline_store_read_seconds", "store_reads"),
             ("faultline_store_write_seconds", "store_writes"),
         ] {
-            let count = p.get(&format!("{prefix}_count")).map_or(0.0, FieldValue::as_f64);
-            let mean = p.get(&format!("{prefix}_mean_ns")).map_or(0.0, FieldValue::as_f64);
-            add(summary.into(), "summary", format!("{summary}_sum{{{base}}} {}", count * mean * 1e-9));
+            let count = p
+                .get(&format!("{prefix}_count"))
+                .map_or(0.0, FieldValue::as_f64);
+            let mean = p
+                .get(&format!("{prefix}_mean_ns"))
+                .map_or(0.0, FieldValue::as_f64);
+            add(
+                summary.into(),
+                "summary",
+                format!("{summary}_sum{{{base}}} {}", count * mean * 1e-9),
+            );
         }
     }
     let mut out = String::new();
@@ -327,17 +372,35 @@ mod tests {
         );
         let t = prometheus(&[p]);
         assert!(t.contains("# TYPE faultline_faults_total counter\n"), "{t}");
-        assert!(t.contains("faultline_faults_total{pid=\"7\",manager=\"0\",page=\"4k\"} 3\n"), "{t}");
-        assert!(t.contains("faultline_free_bytes{pid=\"7\",manager=\"0\"} 8192\n"), "{t}");
+        assert!(
+            t.contains("faultline_faults_total{pid=\"7\",manager=\"0\",page=\"4k\"} 3\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("faultline_free_bytes{pid=\"7\",manager=\"0\"} 8192\n"),
+            "{t}"
+        );
         assert!(t.contains("faultline_fault_service_seconds{pid=\"7\",manager=\"0\",quantile=\"0.5\"} 0.0000015\n"), "{t}");
-        assert!(t.contains("faultline_fault_service_seconds_count{pid=\"7\",manager=\"0\"} 5\n"), "{t}");
-        assert!(t.contains("faultline_fault_service_seconds_sum{pid=\"7\",manager=\"0\"} 0.00001\n"), "{t}");
-        assert_eq!(t.matches("# TYPE faultline_fault_service_seconds summary").count(), 1, "{t}");
+        assert!(
+            t.contains("faultline_fault_service_seconds_count{pid=\"7\",manager=\"0\"} 5\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("faultline_fault_service_seconds_sum{pid=\"7\",manager=\"0\"} 0.00001\n"),
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("# TYPE faultline_fault_service_seconds summary")
+                .count(),
+            1,
+            "{t}"
+        );
     }
 
     #[test]
     fn a_file_of_a_dead_process_is_removed() {
-        let dir = std::env::temp_dir().join(format!("faultline-issue21-scan-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("faultline-issue21-scan-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // A pid above the kernel's pid_max limit (2^22) is never alive.
         let stale = dir.join("4999999-0");
