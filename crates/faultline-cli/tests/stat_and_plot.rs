@@ -31,8 +31,8 @@ fn scratch_file(tag: &str, len: u64) -> PathBuf {
         "faultline-issue21-{tag}-{}.dat",
         std::process::id()
     ));
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len(len).unwrap();
+    let f = std::fs::File::create(&p).expect("create the scratch file");
+    f.set_len(len).expect("size the scratch file");
     p
 }
 
@@ -54,7 +54,7 @@ fn stat_json(args: &[&str]) -> (bool, Value, String) {
         .args(args)
         .arg("--json")
         .output()
-        .unwrap();
+        .expect("run faultline stat");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let v = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
     (
@@ -245,7 +245,7 @@ fn no_file_when_publication_is_off() {
 
 /// Width and height from a PNG's IHDR, after checking the signature.
 fn png_size(path: &Path) -> (u32, u32) {
-    let b = std::fs::read(path).unwrap();
+    let b = std::fs::read(path).expect("read the PNG");
     assert_eq!(
         &b[..8],
         b"\x89PNG\r\n\x1a\n",
@@ -253,7 +253,7 @@ fn png_size(path: &Path) -> (u32, u32) {
         path.display()
     );
     assert_eq!(&b[12..16], b"IHDR");
-    let be = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+    let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     (be(16), be(20))
 }
 
