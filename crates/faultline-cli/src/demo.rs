@@ -22,7 +22,7 @@ pub struct DemoOpts {
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
     /// Where to draw the out-of-core job's ops/s over time (default:
-    /// /tmp/faultline-demo-<pid>.png).
+    /// `/tmp/faultline-demo-<pid>.png`).
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
 }

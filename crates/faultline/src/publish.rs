@@ -150,12 +150,11 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("frames_prezeroed", G, s.frames_prezeroed as u64),
         ("metadata_bytes", G, s.metadata_bytes as u64),
     ];
-    for (name, l) in [
-        ("service", &s.service),
-        ("store_reads", &s.store_reads),
-        ("store_writes", &s.store_writes),
-    ] {
-        v.extend(summary_fields(name, l));
+    for (names, l) in SUMMARIES
+        .iter()
+        .zip([&s.service, &s.store_reads, &s.store_writes])
+    {
+        v.extend(summary_fields(names, l));
     }
     v.extend([
         ("published_unix_ns", G, x.published_unix_ns),
@@ -170,34 +169,40 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
     v
 }
 
-/// The five fields of a latency summary, named `<name>_<field>`.
-fn summary_fields(name: &str, l: &LatencySummary) -> [(&'static str, Kind, u64); 5] {
-    // The names are a closed set: leak-free static strings by match.
-    let n = |f: &str| -> &'static str {
-        match (name, f) {
-            ("service", "count") => "service_count",
-            ("service", "p50") => "service_p50_ns",
-            ("service", "p99") => "service_p99_ns",
-            ("service", "max") => "service_max_ns",
-            ("service", _) => "service_mean_ns",
-            ("store_reads", "count") => "store_reads_count",
-            ("store_reads", "p50") => "store_reads_p50_ns",
-            ("store_reads", "p99") => "store_reads_p99_ns",
-            ("store_reads", "max") => "store_reads_max_ns",
-            ("store_reads", _) => "store_reads_mean_ns",
-            (_, "count") => "store_writes_count",
-            (_, "p50") => "store_writes_p50_ns",
-            (_, "p99") => "store_writes_p99_ns",
-            (_, "max") => "store_writes_max_ns",
-            _ => "store_writes_mean_ns",
-        }
-    };
+/// The names of the three latency summaries' fields: count, p50, p99,
+/// max, mean.
+const SUMMARIES: [[&str; 5]; 3] = [
     [
-        (n("count"), Kind::Counter, l.count),
-        (n("p50"), Kind::Gauge, l.p50_ns),
-        (n("p99"), Kind::Gauge, l.p99_ns),
-        (n("max"), Kind::Gauge, l.max_ns),
-        (n("mean"), Kind::Real, l.mean_ns.to_bits()),
+        "service_count",
+        "service_p50_ns",
+        "service_p99_ns",
+        "service_max_ns",
+        "service_mean_ns",
+    ],
+    [
+        "store_reads_count",
+        "store_reads_p50_ns",
+        "store_reads_p99_ns",
+        "store_reads_max_ns",
+        "store_reads_mean_ns",
+    ],
+    [
+        "store_writes_count",
+        "store_writes_p50_ns",
+        "store_writes_p99_ns",
+        "store_writes_max_ns",
+        "store_writes_mean_ns",
+    ],
+];
+
+/// The five fields of a latency summary, named by `names`.
+fn summary_fields(names: &[&'static str; 5], l: &LatencySummary) -> [(&'static str, Kind, u64); 5] {
+    [
+        (names[0], Kind::Counter, l.count),
+        (names[1], Kind::Gauge, l.p50_ns),
+        (names[2], Kind::Gauge, l.p99_ns),
+        (names[3], Kind::Gauge, l.max_ns),
+        (names[4], Kind::Real, l.mean_ns.to_bits()),
     ]
 }
 

@@ -226,68 +226,106 @@ fn scan_in(dir: &Path, pid: Option<u32>) -> std::io::Result<Scan> {
     Ok(out)
 }
 
-/// How a field appears in the Prometheus text: metric, type, help, extra
-/// label, and the factor to its base unit. `None`: not on its own (part of
-/// a summary's `_sum`).
-fn metric(name: &str, kind: Kind) -> Option<(String, &'static str, String, String, f64)> {
+/// How one field appears in the Prometheus text: the sample
+/// `<family><suffix>{labels}` of a family of type `ty`, the value times
+/// `scale` (to bytes or seconds).
+struct Metric {
+    family: String,
+    suffix: &'static str,
+    ty: &'static str,
+    label: String,
+    scale: f64,
+}
+
+/// The metric of field `name`; `None` for the summaries' means (they go
+/// into the `_sum` samples).
+fn metric(name: &str, kind: Kind) -> Option<Metric> {
     const NS: f64 = 1e-9;
     const FRAME: f64 = 4096.0;
-    let q = |m: &str, q: &str| {
-        Some((
-            m.to_string(),
-            "summary",
-            m.to_string(),
-            format!("quantile=\"{q}\""),
-            NS,
-        ))
+    let m = |family: &str, suffix, ty, label: String, scale| {
+        Some(Metric {
+            family: family.to_string(),
+            suffix,
+            ty,
+            label,
+            scale,
+        })
     };
-    let g = |m: &str, f: f64| Some((m.to_string(), "gauge", m.to_string(), String::new(), f));
+    let summary = [
+        ("service_", "faultline_fault_service_seconds"),
+        ("store_reads_", "faultline_store_read_seconds"),
+        ("store_writes_", "faultline_store_write_seconds"),
+    ]
+    .iter()
+    .find_map(|(prefix, family)| Some((name.strip_prefix(prefix)?, *family)));
+    if let Some((stat, family)) = summary {
+        let q = match stat {
+            "p50_ns" => "0.5",
+            "p90_ns" => "0.9",
+            "p99_ns" => "0.99",
+            "p999_ns" => "0.999",
+            "count" => return m(family, "_count", "summary", String::new(), 1.0),
+            "max_ns" => {
+                let max = family.replace("_seconds", "_max_seconds");
+                return m(&max, "", "gauge", String::new(), NS);
+            }
+            _ => return None,
+        };
+        return m(family, "", "summary", format!("quantile=\"{q}\""), NS);
+    }
     match name {
-        "faults_4k" | "faults_2m" => Some((
-            "faultline_faults_total".into(),
+        "faults_4k" | "faults_2m" => m(
+            "faultline_faults_total",
+            "",
             "counter",
-            "faultline_faults_total".into(),
             format!("page=\"{}\"", &name[7..]),
             1.0,
-        )),
-        "service_p50_ns" => q("faultline_fault_service_seconds", "0.5"),
-        "service_p90_ns" => q("faultline_fault_service_seconds", "0.9"),
-        "service_p99_ns" => q("faultline_fault_service_seconds", "0.99"),
-        "service_p999_ns" => q("faultline_fault_service_seconds", "0.999"),
-        "store_reads_p50_ns" => q("faultline_store_read_seconds", "0.5"),
-        "store_reads_p99_ns" => q("faultline_store_read_seconds", "0.99"),
-        "store_writes_p50_ns" => q("faultline_store_write_seconds", "0.5"),
-        "store_writes_p99_ns" => q("faultline_store_write_seconds", "0.99"),
-        "service_count" => q("faultline_fault_service_seconds", "")
-            .map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
-        "store_reads_count" => q("faultline_store_read_seconds", "")
-            .map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
-        "store_writes_count" => q("faultline_store_write_seconds", "")
-            .map(|m| (format!("{}_count", m.0), m.1, m.2, String::new(), 1.0)),
-        "service_mean_ns" | "store_reads_mean_ns" | "store_writes_mean_ns" => None,
-        "recent_service_count" => g("faultline_recent_fault_service_count", 1.0),
-        "recent_service_p50_ns" => g("faultline_recent_fault_service_p50_seconds", NS),
-        "recent_service_p99_ns" => g("faultline_recent_fault_service_p99_seconds", NS),
-        "published_unix_ns" => g("faultline_published_timestamp_seconds", NS),
-        "locks_wait_ns" => Some((
-            "faultline_lock_wait_seconds_total".into(),
-            "counter",
-            "faultline_lock_wait_seconds_total".into(),
-            String::new(),
-            NS,
-        )),
-        "budget_frames" => g("faultline_budget_bytes", FRAME),
-        "frames_total" => g("faultline_pool_bytes", FRAME),
-        n if n.starts_with("frames_") => g(&format!("faultline_{}_bytes", &n[7..]), FRAME),
-        n if n.ends_with("_ns") => g(&format!("faultline_{}_seconds", &n[..n.len() - 3]), NS),
-        n if kind == Kind::Counter => Some((
-            format!("faultline_{n}_total"),
-            "counter",
-            format!("faultline_{n}_total"),
+        ),
+        "recent_service_count" => m(
+            "faultline_recent_fault_service_count",
+            "",
+            "gauge",
             String::new(),
             1.0,
-        )),
-        n => g(&format!("faultline_{n}"), 1.0),
+        ),
+        "published_unix_ns" => m(
+            "faultline_published_timestamp_seconds",
+            "",
+            "gauge",
+            String::new(),
+            NS,
+        ),
+        "locks_wait_ns" => m(
+            "faultline_lock_wait_seconds_total",
+            "",
+            "counter",
+            String::new(),
+            NS,
+        ),
+        "budget_frames" => m("faultline_budget_bytes", "", "gauge", String::new(), FRAME),
+        "frames_total" => m("faultline_pool_bytes", "", "gauge", String::new(), FRAME),
+        n if n.starts_with("frames_") => m(
+            &format!("faultline_{}_bytes", &n[7..]),
+            "",
+            "gauge",
+            String::new(),
+            FRAME,
+        ),
+        n if n.ends_with("_ns") => m(
+            &format!("faultline_{}_seconds", &n[..n.len() - 3]),
+            "",
+            "gauge",
+            String::new(),
+            NS,
+        ),
+        n if kind == Kind::Counter => m(
+            &format!("faultline_{n}_total"),
+            "",
+            "counter",
+            String::new(),
+            1.0,
+        ),
+        n => m(&format!("faultline_{n}"), "", "gauge", String::new(), 1.0),
     }
 }
 
@@ -310,19 +348,21 @@ pub fn prometheus(list: &[Published]) -> String {
     for p in list {
         let base = format!("pid=\"{}\",manager=\"{}\"", p.pid, p.manager);
         for (name, kind, v) in &p.fields {
-            let Some((metric, ty, family, label, factor)) = metric(name, *kind) else {
+            let Some(m) = metric(name, *kind) else {
                 continue;
             };
-            let labels = if label.is_empty() {
+            let labels = if m.label.is_empty() {
                 base.clone()
             } else {
-                format!("{base},{label}")
+                format!("{base},{}", m.label)
             };
-            add(
-                family.clone(),
-                ty,
-                format!("{metric}{{{labels}}} {}", v.as_f64() * factor),
+            let line = format!(
+                "{}{}{{{labels}}} {}",
+                m.family,
+                m.suffix,
+                v.as_f64() * m.scale
             );
+            add(m.family, m.ty, line);
         }
         for (summary, prefix) in [
             ("faultline_fault_service_seconds", "service"),
