@@ -210,18 +210,23 @@ fn font() -> anyhow::Result<()> {
     .map_err(|e| anyhow!(e))
 }
 
-/// A series or category label: the fields' values, numbers as `name=value`.
+/// A series or category label: the fields' values, numbers as `name=value`,
+/// a true flag as its name (empty and `-` values left out, a value equal
+/// to the one before once).
 fn label(row: &Value, keys: &[&str]) -> String {
-    keys.iter()
-        .filter_map(|k| match row.get(*k)? {
-            Value::String(s) => Some(s.clone()),
-            Value::Bool(b) => Some(if *b { (*k).to_string() } else { String::new() }),
-            Value::Null => None,
-            v => Some(format!("{k}={v}")),
-        })
-        .filter(|s| !s.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+    let mut parts: Vec<String> = Vec::new();
+    for k in keys {
+        let part = match row.get(*k) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Bool(true)) => (*k).to_string(),
+            Some(Value::Bool(false) | Value::Null) | None => continue,
+            Some(v) => format!("{k}={v}"),
+        };
+        if !part.is_empty() && part != "-" && parts.last() != Some(&part) {
+            parts.push(part);
+        }
+    }
+    parts.join(" ")
 }
 
 /// Labels in first-seen order.

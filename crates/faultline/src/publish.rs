@@ -296,7 +296,7 @@ pub(crate) struct Publisher {
     window: Option<(Instant, Histogram<u64>)>,
     recent: LatencySummary,
     /// The page walk's result, and when it may run again (it is skipped
-    /// while its last run cost more than 1% of the time since).
+    /// while its last run cost more than 0.25% of the time since).
     states: (u64, u64),
     next_walk: Instant,
 }
@@ -309,8 +309,9 @@ impl Publisher {
         let dir = Path::new(STATS_DIR);
         if !dir.is_dir() {
             std::fs::create_dir_all(dir)?;
-            // Any user's managers publish here (as in /tmp: sticky).
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?;
+            // Any user's managers publish here (as in /tmp: sticky). Best
+            // effort: another process may have made it first.
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
         }
         let pid = faultline_sys::host::process_id();
         let names = fields(&StatsSnapshot::default(), &Extra::default());
@@ -394,7 +395,7 @@ impl Publisher {
         }
         if now >= self.next_walk {
             self.states = count_states(core);
-            self.next_walk = now + (now.elapsed() * 100).max(PERIOD);
+            self.next_walk = now + (now.elapsed() * 400).max(PERIOD);
         }
         let q = |f: f64| {
             if merged.is_empty() {
