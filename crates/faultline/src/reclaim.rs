@@ -41,6 +41,7 @@ use crate::stats::Stats;
 use crate::writeback;
 use faultline_sys::PAGE_SIZE;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
 /// reserve back to the allocator (its frames stay marked zero), then
@@ -124,15 +125,12 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut idle = TICK;
     let mut above = Above::default();
-    let mut published = std::time::Instant::now();
+    // The next reclaim check and the next publication. The wait ends at
+    // the earlier; a notify makes the reclaim check due at once (as before
+    // publication shared this thread: it does not shorten the backoff).
+    let mut check_at = Instant::now() + idle;
+    let mut publish_at = Instant::now() + publish::PERIOD;
     loop {
-        if let Some(p) = publisher.as_mut() {
-            idle = idle.min(publish::PERIOD);
-            if published.elapsed() >= publish::PERIOD {
-                p.publish(core);
-                published = std::time::Instant::now();
-            }
-        }
         // The budget may change at run time (`Manager::set_budget`).
         let pages = budget::budget_pages(core);
         let low = pages * core.config.reclaim_low_pct / 100;
@@ -140,14 +138,27 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         {
             let mut r = core.reserve.lock();
             if !core.is_stopping() {
-                core.reserve_cv.wait_for(&mut r, idle);
+                let until = match (&publisher, core.config.reclaim) {
+                    (Some(_), true) => check_at.min(publish_at),
+                    (Some(_), false) => publish_at,
+                    (None, _) => check_at,
+                };
+                let wait = until.saturating_duration_since(Instant::now());
+                if !core.reserve_cv.wait_for(&mut r, wait).timed_out() {
+                    check_at = Instant::now();
+                }
             }
         }
         if core.is_stopping() {
             return;
         }
-        if !core.config.reclaim {
-            idle = publish::PERIOD;
+        if let Some(p) = publisher.as_mut() {
+            if Instant::now() >= publish_at {
+                p.publish(core);
+                publish_at = Instant::now() + publish::PERIOD;
+            }
+        }
+        if !core.config.reclaim || Instant::now() < check_at {
             continue;
         }
         above.note(core, high);
@@ -172,6 +183,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         } else {
             idle = TICK;
         }
+        check_at = Instant::now() + idle;
     }
 }
 
