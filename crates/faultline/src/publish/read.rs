@@ -237,96 +237,86 @@ struct Metric {
     scale: f64,
 }
 
+const NS: f64 = 1e-9;
+const FRAME: f64 = 4096.0;
+
+impl Metric {
+    /// A sample of family `family`, unlabelled beyond pid and manager.
+    fn plain(family: &str, ty: &'static str, scale: f64) -> Option<Metric> {
+        Some(Metric {
+            family: family.to_string(),
+            suffix: "",
+            ty,
+            label: String::new(),
+            scale,
+        })
+    }
+}
+
 /// The metric of field `name`; `None` for the summaries' means (they go
 /// into the `_sum` samples).
 fn metric(name: &str, kind: Kind) -> Option<Metric> {
-    const NS: f64 = 1e-9;
-    const FRAME: f64 = 4096.0;
-    let m = |family: &str, suffix, ty, label: String, scale| {
-        Some(Metric {
-            family: family.to_string(),
-            suffix,
-            ty,
-            label,
-            scale,
-        })
-    };
-    let summary = [
+    if let Some(m) = summary_metric(name) {
+        return m;
+    }
+    match name {
+        "faults_4k" | "faults_2m" => Some(Metric {
+            label: format!("page=\"{}\"", &name[7..]),
+            ..Metric::plain("faultline_faults_total", "counter", 1.0)?
+        }),
+        "recent_service_count" => {
+            Metric::plain("faultline_recent_fault_service_count", "gauge", 1.0)
+        }
+        "published_unix_ns" => Metric::plain("faultline_published_timestamp_seconds", "gauge", NS),
+        "locks_wait_ns" => Metric::plain("faultline_lock_wait_seconds_total", "counter", NS),
+        "budget_frames" => Metric::plain("faultline_budget_bytes", "gauge", FRAME),
+        "frames_total" => Metric::plain("faultline_pool_bytes", "gauge", FRAME),
+        n if n.starts_with("frames_") => {
+            Metric::plain(&format!("faultline_{}_bytes", &n[7..]), "gauge", FRAME)
+        }
+        n if n.ends_with("_ns") => Metric::plain(
+            &format!("faultline_{}_seconds", &n[..n.len() - 3]),
+            "gauge",
+            NS,
+        ),
+        n if kind == Kind::Counter => {
+            Metric::plain(&format!("faultline_{n}_total"), "counter", 1.0)
+        }
+        n => Metric::plain(&format!("faultline_{n}"), "gauge", 1.0),
+    }
+}
+
+/// The metric of a latency summary's field (`Some(None)`: its mean, which
+/// goes into `_sum`); `None` if `name` is not one.
+fn summary_metric(name: &str) -> Option<Option<Metric>> {
+    let (stat, family) = [
         ("service_", "faultline_fault_service_seconds"),
         ("store_reads_", "faultline_store_read_seconds"),
         ("store_writes_", "faultline_store_write_seconds"),
     ]
     .iter()
-    .find_map(|(prefix, family)| Some((name.strip_prefix(prefix)?, *family)));
-    if let Some((stat, family)) = summary {
-        let q = match stat {
-            "p50_ns" => "0.5",
-            "p90_ns" => "0.9",
-            "p99_ns" => "0.99",
-            "p999_ns" => "0.999",
-            "count" => return m(family, "_count", "summary", String::new(), 1.0),
-            "max_ns" => {
-                let max = family.replace("_seconds", "_max_seconds");
-                return m(&max, "", "gauge", String::new(), NS);
-            }
-            _ => return None,
-        };
-        return m(family, "", "summary", format!("quantile=\"{q}\""), NS);
-    }
-    match name {
-        "faults_4k" | "faults_2m" => m(
-            "faultline_faults_total",
-            "",
-            "counter",
-            format!("page=\"{}\"", &name[7..]),
-            1.0,
-        ),
-        "recent_service_count" => m(
-            "faultline_recent_fault_service_count",
-            "",
-            "gauge",
-            String::new(),
-            1.0,
-        ),
-        "published_unix_ns" => m(
-            "faultline_published_timestamp_seconds",
-            "",
-            "gauge",
-            String::new(),
-            NS,
-        ),
-        "locks_wait_ns" => m(
-            "faultline_lock_wait_seconds_total",
-            "",
-            "counter",
-            String::new(),
-            NS,
-        ),
-        "budget_frames" => m("faultline_budget_bytes", "", "gauge", String::new(), FRAME),
-        "frames_total" => m("faultline_pool_bytes", "", "gauge", String::new(), FRAME),
-        n if n.starts_with("frames_") => m(
-            &format!("faultline_{}_bytes", &n[7..]),
-            "",
-            "gauge",
-            String::new(),
-            FRAME,
-        ),
-        n if n.ends_with("_ns") => m(
-            &format!("faultline_{}_seconds", &n[..n.len() - 3]),
-            "",
-            "gauge",
-            String::new(),
-            NS,
-        ),
-        n if kind == Kind::Counter => m(
-            &format!("faultline_{n}_total"),
-            "",
-            "counter",
-            String::new(),
-            1.0,
-        ),
-        n => m(&format!("faultline_{n}"), "", "gauge", String::new(), 1.0),
-    }
+    .find_map(|(prefix, family)| Some((name.strip_prefix(prefix)?, *family)))?;
+    let q = match stat {
+        "p50_ns" => "0.5",
+        "p90_ns" => "0.9",
+        "p99_ns" => "0.99",
+        "p999_ns" => "0.999",
+        "count" => {
+            return Some(Some(Metric {
+                suffix: "_count",
+                ..Metric::plain(family, "summary", 1.0)?
+            }))
+        }
+        "max_ns" => {
+            let max = family.replace("_seconds", "_max_seconds");
+            return Some(Metric::plain(&max, "gauge", NS));
+        }
+        _ => return Some(None),
+    };
+    Some(Some(Metric {
+        label: format!("quantile=\"{q}\""),
+        ..Metric::plain(family, "summary", NS)?
+    }))
 }
 
 /// The managers' statistics in the Prometheus text format (version 0.0.4):
