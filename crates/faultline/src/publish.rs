@@ -331,25 +331,24 @@ impl Publisher {
         let len = bytes.len().next_multiple_of(PAGE_SIZE);
         let path = dir.join(format!("{pid}-{n}"));
         let tmp = dir.join(format!(".{pid}-{n}.tmp"));
-        let file = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        (&file).write_all(&bytes)?;
-        file.set_len(len as u64)?;
-        let map = Mapping::shared_file(&file, len)
-            .map_err(|e| std::io::Error::from_raw_os_error(e.errno));
-        let map = match map {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-        std::fs::rename(&tmp, &path)?;
+        let made = (|| -> std::io::Result<Mapping> {
+            let file = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            (&file).write_all(&bytes)?;
+            file.set_len(len as u64)?;
+            let map = Mapping::shared_file(&file, len)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno))?;
+            std::fs::rename(&tmp, &path)?;
+            Ok(map)
+        })();
+        let map = made.inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
         let mut p = Publisher {
             map,
             path,
@@ -431,5 +430,20 @@ impl Drop for Publisher {
         // A child of fork() has no publisher (the thread that owns it is
         // the parent's), so this is the owner: the file goes.
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_fit_their_slots_and_are_unique() {
+        let f = fields(&StatsSnapshot::default(), &Extra::default());
+        let mut names: Vec<&str> = f.iter().map(|x| x.0).collect();
+        assert!(names.iter().all(|n| n.len() < NAME_BYTES), "{names:?}");
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), f.len(), "a name twice");
     }
 }
