@@ -393,8 +393,9 @@ impl Publisher {
             None => self.window = Some((now, merged.clone())),
         }
         if now >= self.next_walk {
+            let t0 = Instant::now();
             self.states = count_states(core);
-            self.next_walk = now + (now.elapsed() * 400).max(PERIOD);
+            self.next_walk = now + (t0.elapsed() * 400).max(PERIOD);
         }
         let q = |f: f64| {
             if merged.is_empty() {
