@@ -21,6 +21,10 @@ pub struct DemoOpts {
     /// Seconds of the out-of-core workload.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
+    /// Where to draw the out-of-core job's ops/s over time (default:
+    /// `/tmp/faultline-demo-<pid>.png`).
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 fn stamp(page: usize) -> u64 {
@@ -82,6 +86,10 @@ pub fn run(opts: &DemoOpts) -> anyhow::Result<()> {
         opts.threads,
         faultline_sys::host::kernel_release()
     );
+    println!(
+        "live statistics meanwhile: faultline stat {} 1",
+        std::process::id()
+    );
     // 2 MiB pages: a region 4x the budget; touch half the budget's worth.
     let huge = mm.map(
         4 * budget,
@@ -114,18 +122,39 @@ pub fn run(opts: &DemoOpts) -> anyhow::Result<()> {
     println!("all touched pages verified.");
     drop(huge);
     drop(small);
-    out_of_core(&mm, budget, opts)?;
+    let timeline = out_of_core(&mm, budget, opts)?;
     println!("\n{}", mm.stats());
     if let Some(e) = mm.take_error() {
         bail!("a fault went wrong: {e}");
     }
+    let plot = opts.plot.clone().unwrap_or_else(|| {
+        std::path::PathBuf::from(format!("/tmp/faultline-demo-{}.png", std::process::id()))
+    });
+    let rows: Vec<serde_json::Value> = timeline
+        .iter()
+        .map(|(t, r)| serde_json::json!({"phase": "out-of-core (random 4 KiB, 25% writes)", "t_s": t, "ops_per_s": r}))
+        .collect();
+    let report =
+        serde_json::json!({"bench": "demo", "machine": crate::report::machine(), "rows": rows});
+    match crate::plot::draw(&report, &plot) {
+        Ok(()) => println!(
+            "\nplot of the out-of-core run (ops/s over time): {}",
+            plot.display()
+        ),
+        Err(e) => println!("\n(no plot of the run: {e})"),
+    }
+    println!(
+        "to watch a running program's managers live: faultline stat [<pid>] [interval] [count] (--json, --prometheus)"
+    );
     Ok(())
 }
 
 /// The out-of-core job: a dataset file 4x the budget, random 4 KiB reads and
 /// writes from the app threads for a few seconds, then every written page
 /// checked (through evictions and write-backs) and the file flushed.
-fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<()> {
+/// Returns the ops/s over time (seconds since the start, rate over the last
+/// quarter second).
+fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<Vec<(f64, f64)>> {
     let len = 4 * budget;
     let dir = std::env::var_os("FAULTLINE_DEMO_DIR")
         .map_or_else(|| std::path::PathBuf::from("/var/tmp"), Into::into);
@@ -138,7 +167,7 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
         }
         std::io::Write::flush(&mut f)?;
     }
-    let result = (|| -> anyhow::Result<()> {
+    let result = (|| -> anyhow::Result<Vec<(f64, f64)>> {
         let region = mm.map(
             len,
             faultline::store::File::open(&path, FileOptions::new().writable(true))?,
@@ -150,6 +179,9 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
         let bar = indicatif::ProgressBar::new((secs * 10.0) as u64);
         bar.set_prefix("out-of-core");
         let before = mm.stats();
+        let done = std::sync::atomic::AtomicU64::new(0);
+        let done = &done;
+        let mut timeline = Vec::new();
         let t = Instant::now();
         let (ops, written): (u64, Vec<Vec<usize>>) = std::thread::scope(|s| {
             let hs: Vec<_> = (0..opts.threads)
@@ -176,14 +208,24 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
                                 }
                                 ops += 1;
                             }
+                            done.fetch_add(64, std::sync::atomic::Ordering::Relaxed);
                         }
                         (ops, mine)
                     })
                 })
                 .collect();
             let mut last = 0;
+            let mut sampled = (0.0, 0u64);
             while hs.iter().any(|h| !h.is_finished()) {
                 std::thread::sleep(std::time::Duration::from_millis(100));
+                let (at, n) = (
+                    t.elapsed().as_secs_f64(),
+                    done.load(std::sync::atomic::Ordering::Relaxed),
+                );
+                if at - sampled.0 >= 0.25 {
+                    timeline.push((at, (n - sampled.1) as f64 / (at - sampled.0)));
+                    sampled = (at, n);
+                }
                 let now = (t.elapsed().as_secs_f64() * 10.0) as u64;
                 bar.inc(now.saturating_sub(last));
                 last = now;
@@ -223,7 +265,7 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<(
             after.clean_skipped - before.clean_skipped,
             ((after.frames_total - after.frames_free) * 4096) >> 20,
         );
-        Ok(())
+        Ok(timeline)
     })();
     let _ = std::fs::remove_file(&path);
     result

@@ -4,8 +4,10 @@
 
 mod bench;
 mod demo;
+mod plot;
 mod report;
 mod soak;
+mod stat;
 
 use clap::{Parser, Subcommand};
 
@@ -32,7 +34,15 @@ enum Cmd {
     Bench {
         #[command(subcommand)]
         which: Which,
+        /// Also draw the experiment's figure into this PNG file.
+        #[arg(long, global = true)]
+        plot: Option<std::path::PathBuf>,
     },
+    /// Live statistics of the managers of a process (or of every process),
+    /// read from the files they publish: `faultline stat [<pid>] [interval] [count]`.
+    Stat(stat::StatOpts),
+    /// Draw the figure of a saved `faultline bench <name> --json` report.
+    Plot(plot::PlotOpts),
     /// One side of `bench out-of-core`, run inside a memory cgroup.
     #[command(hide = true)]
     OocChild(bench::out_of_core::ChildArgs),
@@ -68,7 +78,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(opts) => demo::run(&opts),
         Cmd::Soak(opts) => soak::run(&opts),
         Cmd::OocChild(a) => bench::out_of_core::child(&a),
-        Cmd::Bench { which } => {
+        Cmd::Stat(o) => stat::run(&o),
+        Cmd::Plot(o) => plot::run_file(&o),
+        Cmd::Bench { which, plot } => {
             let (report, json) = match which {
                 Which::Fault(o) => (bench::fault::run(&o)?, o.json),
                 Which::Alloc(o) => (bench::alloc::run(&o)?, o.json),
@@ -78,7 +90,12 @@ fn main() -> anyhow::Result<()> {
                 Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.common.json),
                 Which::Migrate(o) => (bench::migrate::run(&o)?, o.json),
             };
-            report.print(json)
+            report.print(json)?;
+            if let Some(file) = plot {
+                plot::draw(&report.json(), &file)?;
+                eprintln!("figure written to {}", file.display());
+            }
+            Ok(())
         }
     }
 }

@@ -78,17 +78,21 @@ impl Report {
         }
     }
 
+    /// The `--json` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "bench": self.bench,
+            "machine": machine(),
+            "config": self.config,
+            "rows": self.rows,
+            "notes": self.notes,
+        })
+    }
+
     /// Prints the JSON object (one line) or the table with its notes.
     pub fn print(&self, as_json: bool) -> anyhow::Result<()> {
         if as_json {
-            let v = json!({
-                "bench": self.bench,
-                "machine": machine(),
-                "config": self.config,
-                "rows": self.rows,
-                "notes": self.notes,
-            });
-            println!("{}", serde_json::to_string(&v)?);
+            println!("{}", serde_json::to_string(&self.json())?);
             return Ok(());
         }
         println!("{}", render_table(&self.headers, &self.table));

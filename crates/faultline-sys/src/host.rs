@@ -150,6 +150,17 @@ pub fn process_id() -> u32 {
     std::process::id()
 }
 
+/// When process `pid` started, in clock ticks after boot (field 22 of
+/// `/proc/<pid>/stat`); `None` if there is no such process. With the pid it
+/// names one process: a pid reused later has another start time.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // fields after its closing parenthesis, which is field 3 onwards.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The calling thread's kernel thread id.
 pub fn thread_id() -> u32 {
     // SAFETY: gettid has no preconditions.

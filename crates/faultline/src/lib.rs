@@ -25,7 +25,7 @@
 //! layers before it; `tests/layers.rs` checks this): `sync`, `memops`,
 //! `dirty` → `config` → `store` → `frame` → `error` → `locks` → `nesting`, `stats` →
 //! `region` → `copyjob` → `core` → `pagemove` → `fill`, `writeback` →
-//! `reclaim` → `migrate` → `fault` → `api`. docs/design.md has the map.
+//! `publish` → `reclaim` → `migrate` → `fault` → `api`. docs/design.md has the map.
 //! Only `faultline-sys` makes system calls.
 
 mod api;
@@ -44,6 +44,7 @@ mod memops;
 mod migrate;
 mod nesting;
 mod pagemove;
+mod publish;
 mod reclaim;
 mod region;
 mod stats;
@@ -62,6 +63,17 @@ pub use frame::PoolId;
 pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};
 pub use stats::StatsSnapshot;
+
+/// Live stats out of the process: every manager (unless
+/// [`Config::publish_stats`] is off) publishes its statistics in a
+/// shared-memory file under [`published::STATS_DIR`], refreshed every
+/// 250 ms; [`published::scan`] reads them from any process (`faultline
+/// stat` does), [`published::prometheus`] renders them for Prometheus.
+pub mod published {
+    pub use crate::publish::{
+        prometheus, read_file, scan, FieldValue, Published, PublishedError, Scan, STATS_DIR,
+    };
+}
 pub use store::{Store, StoreError};
 
 /// Internals for faultline's own benchmarks (`faultline bench`, criterion):

@@ -56,6 +56,10 @@ pub struct Stats {
     pub(crate) standby_serves: AtomicU64,
     pub(crate) errors_dropped: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
+    /// Store reads on the fault path (fills), timed.
+    pub(crate) store_reads: LogHist,
+    /// Store writes (write-back), timed.
+    pub(crate) store_writes: LogHist,
     hist: Box<[CachePadded<Mutex<Histogram<u64>>>]>,
 }
 
@@ -106,6 +110,8 @@ impl Stats {
             errors_dropped: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
+            store_reads: LogHist::default(),
+            store_writes: LogHist::default(),
             hist: (0..workers.max(1))
                 .map(|_| CachePadded::new(Mutex::new(new_hist())))
                 .collect(),
@@ -124,13 +130,29 @@ impl Stats {
         h.saturating_record(ns.max(1));
     }
 
-    /// A consistent-enough copy of every counter (each read individually).
-    pub fn snapshot(&self, frames_total: usize, frames_free: usize) -> StatsSnapshot {
+    /// The workers' service-time histograms, merged.
+    pub(crate) fn merged_service(&self) -> Histogram<u64> {
         let mut merged = new_hist();
         for h in self.hist.iter() {
             // Both histograms share bounds; adding cannot fail.
             let _ = merged.add(&*h.lock());
         }
+        merged
+    }
+
+    /// A consistent-enough copy of every counter (each read individually).
+    #[cfg(test)]
+    pub fn snapshot(&self, frames_total: usize, frames_free: usize) -> StatsSnapshot {
+        self.snapshot_of(&self.merged_service(), frames_total, frames_free)
+    }
+
+    /// [`Stats::snapshot`] with the merged service histogram given.
+    pub(crate) fn snapshot_of(
+        &self,
+        merged: &Histogram<u64>,
+        frames_total: usize,
+        frames_free: usize,
+    ) -> StatsSnapshot {
         let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
         StatsSnapshot {
             faults_4k: r(&self.faults_4k),
@@ -175,7 +197,93 @@ impl Stats {
             budget_frames: 0,
             frames_total,
             frames_free,
-            service: LatencySummary::of(&merged),
+            service: LatencySummary::of(merged),
+            store_reads: self.store_reads.summary(),
+            store_writes: self.store_writes.summary(),
+        }
+    }
+}
+
+/// A lock-free latency histogram for store calls: log-linear buckets (four
+/// per power of two, so a percentile is within 12.5%), a count and a sum.
+/// Recording is three `Relaxed` adds; summaries read each bucket once (a
+/// racy but consistent-enough view, like the counters).
+#[derive(Debug)]
+pub(crate) struct LogHist {
+    buckets: Box<[AtomicU64; LOG_BUCKETS]>,
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+const LOG_BUCKETS: usize = 64 * 4;
+
+impl Default for LogHist {
+    fn default() -> Self {
+        LogHist {
+            buckets: Box::new([const { AtomicU64::new(0) }; LOG_BUCKETS]),
+            count: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LogHist {
+    /// The bucket of `ns`: its power of two and the next two bits.
+    fn bucket(ns: u64) -> usize {
+        let exp = 63 - (ns | 1).leading_zeros() as usize;
+        let sub = if exp >= 2 {
+            (ns >> (exp - 2)) & 3
+        } else {
+            ns & 3
+        };
+        exp * 4 + sub as usize
+    }
+
+    /// The middle of bucket `b`'s range.
+    fn value(b: usize) -> u64 {
+        let (exp, sub) = (b / 4, (b % 4) as u64);
+        if exp < 2 {
+            return sub;
+        }
+        let step = 1u64 << (exp - 2);
+        (4 + sub) * step + step / 2
+    }
+
+    /// Records one call of `ns` nanoseconds.
+    pub(crate) fn record(&self, ns: u64) {
+        self.buckets[Self::bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Count, median, 99th percentile, maximum bucket and mean.
+    pub(crate) fn summary(&self) -> LatencySummary {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return LatencySummary::default();
+        }
+        let at = |q: f64| {
+            let want = ((total as f64 * q).ceil() as u64).max(1);
+            let mut seen = 0;
+            for (b, &c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= want {
+                    return Self::value(b);
+                }
+            }
+            0
+        };
+        LatencySummary {
+            count: total,
+            p50_ns: at(0.5),
+            p99_ns: at(0.99),
+            max_ns: at(1.0),
+            mean_ns: self.sum_ns.load(Ordering::Relaxed) as f64 / total as f64,
         }
     }
 }
@@ -314,6 +422,11 @@ pub struct StatsSnapshot {
     pub metadata_bytes: usize,
     /// Worker service time per fault.
     pub service: LatencySummary,
+    /// Store reads on the fault path (fills from the store), per call
+    /// (percentiles within 12.5%).
+    pub store_reads: LatencySummary,
+    /// Store writes (write-back), per call (percentiles within 12.5%).
+    pub store_writes: LatencySummary,
 }
 
 impl StatsSnapshot {
@@ -388,7 +501,20 @@ impl fmt::Display for StatsSnapshot {
             self.service.p50_ns as f64 / 1e3,
             self.service.p99_ns as f64 / 1e3,
             self.service.max_ns as f64 / 1e3
-        )
+        )?;
+        if self.store_reads.count + self.store_writes.count > 0 {
+            write!(
+                f,
+                "\nstore       reads {} (p50 {:.1} us, p99 {:.1} us), writes {} (p50 {:.1} us, p99 {:.1} us)",
+                self.store_reads.count,
+                self.store_reads.p50_ns as f64 / 1e3,
+                self.store_reads.p99_ns as f64 / 1e3,
+                self.store_writes.count,
+                self.store_writes.p50_ns as f64 / 1e3,
+                self.store_writes.p99_ns as f64 / 1e3
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -409,5 +535,22 @@ mod tests {
         assert_eq!(snap.faults(), 1);
         let text = snap.to_string();
         assert!(text.contains("412 used"), "{text}");
+    }
+
+    #[test]
+    fn log_hist_percentiles_within_an_eighth() {
+        let h = LogHist::default();
+        assert_eq!(h.summary(), LatencySummary::default());
+        for ns in 1..=1000u64 {
+            h.record(ns * 1000);
+        }
+        let s = h.summary();
+        assert_eq!(s.count, 1000);
+        assert!((437_500..=562_500).contains(&s.p50_ns), "{s:?}");
+        assert!((866_250..=1_113_750).contains(&s.p99_ns), "{s:?}");
+        assert!((s.mean_ns - 500_500.0).abs() < 1.0);
+        for b in 8..LOG_BUCKETS - 4 {
+            assert_eq!(LogHist::bucket(LogHist::value(b)), b, "bucket {b}");
+        }
     }
 }

@@ -110,7 +110,9 @@ pub(crate) fn put(
     {
         // The store may touch another region (`nesting.rs`).
         let _lend = core.nesting.lend(r.id, page..page + 1);
+        let t0 = std::time::Instant::now();
         r.store.write(page as u64, bytes)?;
+        stats.store_writes.record(t0.elapsed().as_nanos() as u64);
     }
     r.set_fingerprint(page, fp);
     Stats::bump(&stats.written_back);

@@ -29,6 +29,7 @@ const LAYERS: &[&str] = &[
     "writeback",
     "discard",
     "budget",
+    "publish",
     "reclaim",
     "migrate",
     "fault",

@@ -45,6 +45,9 @@ pub struct BenchOpts {
     /// Bytes per migration copy piece handed to a worker.
     #[arg(long)]
     pub migrate_chunk: Option<usize>,
+    /// Do not publish the stats for `faultline stat` (to measure its cost).
+    #[arg(long)]
+    pub no_publish: bool,
 }
 
 impl BenchOpts {
@@ -58,6 +61,7 @@ impl BenchOpts {
             c.workers = w;
         }
         c.pin_workers = !self.no_pin;
+        c.publish_stats = !self.no_publish;
         if let Some(s) = self.spin_us {
             c.experiment.spin_us = s;
         }

@@ -66,6 +66,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// Whether the stats are published for `faultline stat`
+    /// ([`Config::publish_stats`]).
+    pub fn publish_stats(mut self, on: bool) -> Self {
+        self.config.publish_stats = on;
+        self
+    }
+
     /// Whether pages of store-backed regions are reclaimed under the
     /// budget, with the background watermarks in percent of the pool free
     /// ([`Config::reclaim`]).
@@ -141,8 +148,17 @@ impl ManagerBuilder {
             },
         );
         let core = Arc::new(Core::new(config, uffd, pool, alloc, pagemap, deferred_fd));
-        let service = Service::start(core)?;
-        Ok(Manager::new(Arc::new(service)))
+        let number = crate::publish::next_number();
+        // Publication is best effort: a machine without /dev/shm still
+        // gets its manager.
+        let publisher = match core.config.publish_stats {
+            false => None,
+            true => crate::publish::Publisher::create(&core, number)
+                .map_err(|e| tracing::warn!("stats not published ({e})"))
+                .ok(),
+        };
+        let service = Service::start(core, publisher)?;
+        Ok(Manager::new(Arc::new(service), number))
     }
 }
 

@@ -16,7 +16,7 @@ use super::ManagerBuilder;
 use crate::config::{Config, Fixed, LookupCache, MapOptions, PageSize};
 use crate::core::Core;
 use crate::error::{AddrError, BudgetError, FaultError, MapError};
-use crate::frame::{FrameAllocator, PoolId};
+use crate::frame::PoolId;
 use crate::region::RegionInner;
 use crate::stats::StatsSnapshot;
 use crate::store::{Guarded, ReadOnlyView, Store};
@@ -32,11 +32,13 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Manager {
     service: Arc<Service>,
+    /// This manager's number in the process (its stats file's `<n>`).
+    number: u32,
 }
 
 impl Manager {
-    pub(super) fn new(service: Arc<Service>) -> Manager {
-        Manager { service }
+    pub(super) fn new(service: Arc<Service>, number: u32) -> Manager {
+        Manager { service, number }
     }
 
     /// A builder with the default configuration.
@@ -224,24 +226,15 @@ impl Manager {
 
     /// Current statistics.
     pub fn stats(&self) -> StatsSnapshot {
-        let c = self.core();
-        // Reserve frames are free memory that happens to be zeroed already.
-        let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
-        // Frames given back to the kernel: idle ones are free memory (taken
-        // back on demand); withheld ones are outside the budget.
-        // (Under the ledger's lock, frames in the middle of an inflate or
-        // deflate are counted once.)
-        let ledger = c.balloon.ledger();
-        let (held, withheld) = ledger.counts();
-        let free = c.alloc.free_pages() + reserve + (held - withheld);
-        drop(ledger);
-        let mut snap = c.stats.snapshot(c.pool.pages() - withheld, free);
-        snap.budget_frames = crate::budget::budget_pages(c);
-        snap.locks = c.locks.stat();
-        snap.frames_prezeroed = reserve;
-        let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();
-        snap.metadata_bytes = states + c.fps.bytes();
-        snap
+        crate::publish::snapshot(self.core()).0
+    }
+
+    /// The statistics in the Prometheus text format, computed now (what
+    /// `faultline stat --prometheus` shows from the published file; see
+    /// [`crate::published::prometheus`] for the names). It walks the pages
+    /// in use to count resident and parked ones.
+    pub fn prometheus_text(&self) -> String {
+        crate::publish::prometheus_of(self.core(), self.number)
     }
 
     /// The oldest fault error not yet returned, if any (a fault that could not

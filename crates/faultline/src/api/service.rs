@@ -15,6 +15,7 @@ use crate::core::Core;
 use crate::error::BuildError;
 use crate::fault::service::{run_standby, run_worker};
 use crate::frame::FrameAllocator;
+use crate::publish::Publisher;
 use faultline_sys::uffd::{EventFd, Waiter};
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -37,7 +38,10 @@ impl Service {
     /// Starts every thread of `core`. The epoll sets are made first, so
     /// running out of file descriptors is `build()`'s error, not a worker
     /// that quietly exits (and a first touch that then waits forever).
-    pub(crate) fn start(core: Arc<Core>) -> Result<Service, BuildError> {
+    pub(crate) fn start(
+        core: Arc<Core>,
+        publisher: Option<Publisher>,
+    ) -> Result<Service, BuildError> {
         let shutdown = EventFd::new()?;
         let others: [RawFd; 2] = [shutdown.raw_fd(), core.deferred_fd.raw_fd()];
         let wake_one = core.config.experiment.exclusive_wake;
@@ -64,8 +68,12 @@ impl Service {
                 }
             })?;
         }
-        if service.core.config.reclaim {
-            service.spawn("faultline-reclaim".into(), |c| crate::reclaim::run(&c))?;
+        // The reclaimer also publishes the stats (so it runs for that alone
+        // when reclaim is off).
+        if service.core.config.reclaim || publisher.is_some() {
+            service.spawn("faultline-reclaim".into(), move |c| {
+                crate::reclaim::run(&c, publisher)
+            })?;
         }
         if service.core.config.prezero && service.core.pool.thp() {
             service.spawn("faultline-zero".into(), |c| crate::fill::run_zeroer(&c))?;

@@ -115,6 +115,12 @@ pub struct Config {
     /// flush on the first write to each other page of the block). 2 MiB
     /// frames come from the rest first. Default 0.
     pub small_zone_pct: usize,
+    /// Publish the stats in a shared-memory file,
+    /// `/dev/shm/faultline/<pid>-<n>`, refreshed every 250 ms by the
+    /// background reclaimer (which then runs even with `reclaim` off) and
+    /// removed when the manager drops; `faultline stat` reads it. Nothing
+    /// is added to the fault path. Default on.
+    pub publish_stats: bool,
     /// The seeds' experiment switches and their pre-seed baselines (lock
     /// table, per-CPU lists, clear order, lookup cache, migration copy).
     /// Users leave it at its default.
@@ -148,6 +154,7 @@ impl Default for Config {
             node: None,
             extra_pools: Vec::new(),
             small_zone_pct: 0,
+            publish_stats: true,
             experiment: Experiment::default(),
         }
     }

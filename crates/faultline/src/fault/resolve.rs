@@ -119,6 +119,8 @@ fn fill_unit(
     // that nested fault (`nesting.rs`), except for the unit's own pages.
     let _lend =
         (!region.store.is_zero()).then(|| core.nesting.lend(region.id, u.first..u.first + u.count));
+    // Store reads are timed (zero fills are not: no clock on that path).
+    let t0 = (!region.store.is_zero()).then(std::time::Instant::now);
     // SAFETY: `u.frame` was just allocated (or taken from the pre-zeroed
     // reserve), so this worker owns it.
     let filled = unsafe {
@@ -136,6 +138,11 @@ fn fill_unit(
         Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
         Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
         Ok(FillSource::Store) => {
+            if let Some(t0) = t0 {
+                core.stats
+                    .store_reads
+                    .record(t0.elapsed().as_nanos() as u64);
+            }
             Stats::bump(&core.stats.fills_store);
             if region.tracks_dirt() {
                 let per_unit = (unit / PAGE_SIZE) as u32;

@@ -35,12 +35,14 @@ use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove;
+use crate::publish::{self, Publisher};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use crate::writeback;
 use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 mod faulting;
 
@@ -54,10 +56,17 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The background reclaimer: wakes every [`TICK`] and, when free memory is
 /// below the low watermark, reclaims up to the high one; while a pass frees
-/// nothing it sleeps longer, up to [`IDLE_MAX`].
-pub(crate) fn run(core: &Core) {
+/// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
+/// stats file, if any, every [`publish::PERIOD`] (with `Config::reclaim`
+/// off, that is all it does).
+pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut idle = TICK;
     let mut above = Above::default();
+    // The next reclaim check and the next publication. The wait ends at
+    // the earlier; a notify makes the reclaim check due at once (as before
+    // publication shared this thread: it does not shorten the backoff).
+    let mut check_at = Instant::now() + idle;
+    let mut publish_at = Instant::now() + publish::PERIOD;
     loop {
         // The budget may change at run time (`Manager::set_budget`).
         let pages = budget::budget_pages(core);
@@ -66,11 +75,28 @@ pub(crate) fn run(core: &Core) {
         {
             let mut r = core.reserve.lock();
             if !core.is_stopping() {
-                core.reserve_cv.wait_for(&mut r, idle);
+                let until = match (&publisher, core.config.reclaim) {
+                    (Some(_), true) => check_at.min(publish_at),
+                    (Some(_), false) => publish_at,
+                    (None, _) => check_at,
+                };
+                let wait = until.saturating_duration_since(Instant::now());
+                if !core.reserve_cv.wait_for(&mut r, wait).timed_out() {
+                    check_at = Instant::now();
+                }
             }
         }
         if core.is_stopping() {
             return;
+        }
+        if let Some(p) = publisher.as_mut() {
+            if Instant::now() >= publish_at {
+                p.publish(core);
+                publish_at = Instant::now() + publish::PERIOD;
+            }
+        }
+        if !core.config.reclaim || Instant::now() < check_at {
+            continue;
         }
         above.note(core, high);
         let mut free = budget::free_pages(core);
@@ -94,6 +120,7 @@ pub(crate) fn run(core: &Core) {
         } else {
             idle = TICK;
         }
+        check_at = Instant::now() + idle;
     }
 }
 

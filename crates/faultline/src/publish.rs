@@ -1,0 +1,450 @@
+//! Live stats out of the process: each manager publishes its statistics in a
+//! small shared-memory file, `/dev/shm/faultline/<pid>-<n>` ([`STATS_DIR`]),
+//! which `faultline stat` reads ([`scan`]) with no help from the process.
+//!
+//! The file (version 1) is a 64-byte header of eight native-endian `u64`
+//! words — magic, version, pid, manager number, the process's start time
+//! (clock ticks after boot: with the pid it names one process), the field
+//! count, the sequence word and a reserved word — then one 32-byte name per
+//! field (NUL-padded; its last byte is the field's kind, see [`Kind`]),
+//! then one `u64` value per field (an `f64`'s bits for kind `f`).
+//! The names are written once, before the file gets its final name (it is
+//! made under a temporary name and renamed), so a reader never sees a
+//! partial header.
+//!
+//! Invariants: the values are written only by [`Publisher::publish`], under
+//! a seqlock — the sequence word is odd while they change and even when
+//! they are consistent; a reader copies them and keeps the copy only if the
+//! sequence was the same even number before and after. The file is removed
+//! when the publisher drops (the background reclaimer's thread owns it, so
+//! when the manager drops); files whose process is gone are removed by the
+//! next [`scan`].
+//!
+//! Nothing is added to the fault path: the publisher copies the counters
+//! the fault path keeps anyway, from the background reclaimer's loop every
+//! [`PERIOD`]. Locks: each worker's service-time histogram mutex in turn,
+//! briefly (the merge), and those [`snapshot`] takes.
+
+use crate::core::Core;
+use crate::frame::FrameAllocator;
+use crate::region::PageState;
+use crate::stats::{LatencySummary, StatsSnapshot};
+use faultline_sys::mem::Mapping;
+use faultline_sys::PAGE_SIZE;
+use hdrhistogram::Histogram;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+mod read;
+pub use read::{prometheus, read_file, scan, FieldValue, Published, PublishedError, Scan};
+
+/// Where managers publish their stats files.
+pub const STATS_DIR: &str = "/dev/shm/faultline";
+
+/// How often the background reclaimer republishes.
+pub(crate) const PERIOD: Duration = Duration::from_millis(250);
+
+const MAGIC: u64 = u64::from_le_bytes(*b"FLSTATS\0");
+const VERSION: u64 = 1;
+const HEADER_WORDS: usize = 8;
+const NAME_BYTES: usize = 32;
+/// Header word indices.
+const W_MAGIC: usize = 0;
+const W_VERSION: usize = 1;
+const W_PID: usize = 2;
+const W_MANAGER: usize = 3;
+const W_START: usize = 4;
+const W_FIELDS: usize = 5;
+const W_SEQ: usize = 6;
+
+/// What a field is, stored in the last byte of its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `c`: a count that only grows.
+    Counter,
+    /// `g`: a level now (frames, bytes, a latency in ns).
+    Gauge,
+    /// `f`: a level now, as the bits of an `f64`.
+    Real,
+}
+
+impl Kind {
+    fn byte(self) -> u8 {
+        match self {
+            Kind::Counter => b'c',
+            Kind::Gauge => b'g',
+            Kind::Real => b'f',
+        }
+    }
+
+    fn of(b: u8) -> Option<Kind> {
+        match b {
+            b'c' => Some(Kind::Counter),
+            b'g' => Some(Kind::Gauge),
+            b'f' => Some(Kind::Real),
+            _ => None,
+        }
+    }
+}
+
+/// The figures published besides the [`StatsSnapshot`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Extra {
+    published_unix_ns: u64,
+    frames_resident: u64,
+    frames_parked: u64,
+    service_p90_ns: u64,
+    service_p999_ns: u64,
+    recent: LatencySummary,
+}
+
+/// The published fields, in file order: every field of the snapshot
+/// (nested ones flattened with `_`, as their serde names), then the extras.
+fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
+    use Kind::{Counter as C, Gauge as G};
+    let mut v = vec![
+        ("faults_4k", C, s.faults_4k),
+        ("faults_2m", C, s.faults_2m),
+        ("moves", C, s.moves),
+        ("already_mapped", C, s.already_mapped),
+        ("refaulted_dropped", C, s.refaulted_dropped),
+        ("stray", C, s.stray),
+        ("poisoned", C, s.poisoned),
+        ("errors", C, s.errors),
+        ("fills_cleared", C, s.fills_cleared),
+        ("fills_prezeroed", C, s.fills_prezeroed),
+        ("fills_store", C, s.fills_store),
+        ("move_retries", C, s.move_retries),
+        ("move_misreported", C, s.move_misreported),
+        ("pt_discards", C, s.pt_discards),
+        ("fault_around_pages", C, s.fault_around_pages),
+        ("unmapped_pages", C, s.unmapped_pages),
+        ("deferrals", C, s.deferrals),
+        ("written_back", C, s.written_back),
+        ("clean_skipped", C, s.clean_skipped),
+        ("reclaim_waits", C, s.reclaim_waits),
+        ("evicted", C, s.evicted),
+        ("parked", C, s.parked),
+        ("unparked", C, s.unparked),
+        ("prezeroed_made", C, s.prezeroed_made),
+        ("readaheads", C, s.readaheads),
+        ("migrated_pages", C, s.migrated_pages),
+        ("collapses", C, s.collapses),
+        ("migrate_left_parked", C, s.migrate_left_parked),
+        ("unmapped_by_program", C, s.unmapped_by_program),
+        ("discarded", C, s.discarded),
+        ("ballooned", C, s.ballooned),
+        ("unballooned", C, s.unballooned),
+        ("budget_frames", G, s.budget_frames as u64),
+        ("poison_retries", C, s.poison_retries),
+        ("standby_serves", C, s.standby_serves),
+        ("errors_dropped", C, s.errors_dropped),
+        ("copy_chunks_helped", C, s.copy_chunks_helped),
+        ("locks_acquisitions", C, s.locks.acquisitions),
+        ("locks_contentions", C, s.locks.contentions),
+        ("locks_wait_ns", C, s.locks.wait_ns),
+        ("frames_total", G, s.frames_total as u64),
+        ("frames_free", G, s.frames_free as u64),
+        ("frames_prezeroed", G, s.frames_prezeroed as u64),
+        ("metadata_bytes", G, s.metadata_bytes as u64),
+    ];
+    for (names, l) in SUMMARIES
+        .iter()
+        .zip([&s.service, &s.store_reads, &s.store_writes])
+    {
+        v.extend(summary_fields(names, l));
+    }
+    v.extend([
+        ("published_unix_ns", G, x.published_unix_ns),
+        ("frames_resident", G, x.frames_resident),
+        ("frames_parked", G, x.frames_parked),
+        ("service_p90_ns", G, x.service_p90_ns),
+        ("service_p999_ns", G, x.service_p999_ns),
+        ("recent_service_count", G, x.recent.count),
+        ("recent_service_p50_ns", G, x.recent.p50_ns),
+        ("recent_service_p99_ns", G, x.recent.p99_ns),
+    ]);
+    v
+}
+
+/// The names of the three latency summaries' fields: count, p50, p99,
+/// max, mean.
+const SUMMARIES: [[&str; 5]; 3] = [
+    [
+        "service_count",
+        "service_p50_ns",
+        "service_p99_ns",
+        "service_max_ns",
+        "service_mean_ns",
+    ],
+    [
+        "store_reads_count",
+        "store_reads_p50_ns",
+        "store_reads_p99_ns",
+        "store_reads_max_ns",
+        "store_reads_mean_ns",
+    ],
+    [
+        "store_writes_count",
+        "store_writes_p50_ns",
+        "store_writes_p99_ns",
+        "store_writes_max_ns",
+        "store_writes_mean_ns",
+    ],
+];
+
+/// The five fields of a latency summary, named by `names`.
+fn summary_fields(names: &[&'static str; 5], l: &LatencySummary) -> [(&'static str, Kind, u64); 5] {
+    [
+        (names[0], Kind::Counter, l.count),
+        (names[1], Kind::Gauge, l.p50_ns),
+        (names[2], Kind::Gauge, l.p99_ns),
+        (names[3], Kind::Gauge, l.max_ns),
+        (names[4], Kind::Real, l.mean_ns.to_bits()),
+    ]
+}
+
+/// The manager's statistics now (`Manager::stats`), with the workers'
+/// merged service-time histogram.
+pub(crate) fn snapshot(c: &Core) -> (StatsSnapshot, Histogram<u64>) {
+    // Reserve frames are free memory that happens to be zeroed already.
+    let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
+    // Frames given back to the kernel: idle ones are free memory (taken
+    // back on demand); withheld ones are outside the budget.
+    // (Under the ledger's lock, frames in the middle of an inflate or
+    // deflate are counted once.)
+    let ledger = c.balloon.ledger();
+    let (held, withheld) = ledger.counts();
+    let free = c.alloc.free_pages() + reserve + (held - withheld);
+    drop(ledger);
+    let merged = c.stats.merged_service();
+    let mut snap = c
+        .stats
+        .snapshot_of(&merged, c.pool.pages() - withheld, free);
+    snap.budget_frames = crate::budget::budget_pages(c);
+    snap.locks = c.locks.stat();
+    snap.frames_prezeroed = reserve;
+    let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();
+    snap.metadata_bytes = states + c.fps.bytes();
+    (snap, merged)
+}
+
+/// Resident and parked pages, in 4 KiB frames (a racy walk of the pages in
+/// use, exact when no page changes state).
+fn count_states(c: &Core) -> (u64, u64) {
+    let (mut resident, mut parked) = (0u64, 0u64);
+    for r in c.table.snapshot().iter() {
+        let per = (r.page_size.bytes() / PAGE_SIZE) as u64;
+        for p in r.used_pages(0..r.pages()) {
+            match r.state(p) {
+                PageState::Resident(_) => resident += per,
+                PageState::Parked(_) => parked += per,
+                _ => {}
+            }
+        }
+    }
+    (resident, parked)
+}
+
+/// Managers made by this process so far (the `<n>` of the file name).
+static MANAGERS: AtomicU32 = AtomicU32::new(0);
+
+/// A number for a new manager of this process (its stats file's `<n>`).
+pub(crate) fn next_number() -> u32 {
+    MANAGERS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The manager's statistics in the Prometheus text format, computed now
+/// (`Manager::prometheus_text`; labelled as its file would be).
+pub(crate) fn prometheus_of(core: &Core, number: u32) -> String {
+    let (snap, merged) = snapshot(core);
+    let (frames_resident, frames_parked) = count_states(core);
+    let q = |f: f64| {
+        if merged.is_empty() {
+            0
+        } else {
+            merged.value_at_quantile(f)
+        }
+    };
+    let extra = Extra {
+        published_unix_ns: unix_ns(),
+        frames_resident,
+        frames_parked,
+        service_p90_ns: q(0.9),
+        service_p999_ns: q(0.999),
+        recent: LatencySummary::default(),
+    };
+    let pid = faultline_sys::host::process_id();
+    prometheus(&[Published::of(pid, number, fields(&snap, &extra))])
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// One manager's stats file, mapped; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Publisher {
+    map: Mapping,
+    path: PathBuf,
+    fields: usize,
+    /// The merged service histogram at the start of the recent window.
+    window: Option<(Instant, Histogram<u64>)>,
+    recent: LatencySummary,
+    /// The page walk's result, and when it may run again (it is skipped
+    /// while its last run cost more than 0.25% of the time since).
+    states: (u64, u64),
+    next_walk: Instant,
+}
+
+impl Publisher {
+    /// Makes the file of manager `n` ([`next_number`]) in [`STATS_DIR`] and
+    /// publishes once.
+    pub(crate) fn create(core: &Core, n: u32) -> std::io::Result<Publisher> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = Path::new(STATS_DIR);
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir)?;
+            // Any user's managers publish here (as in /tmp: sticky). Best
+            // effort: another process may have made it first.
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+        }
+        let pid = faultline_sys::host::process_id();
+        let names = fields(&StatsSnapshot::default(), &Extra::default());
+        let mut bytes = Vec::new();
+        let start = faultline_sys::host::process_start_time(pid).unwrap_or(0);
+        let fcount = names.len() as u64;
+        for w in [MAGIC, VERSION, pid.into(), n.into(), start, fcount, 0, 0] {
+            bytes.extend_from_slice(&w.to_ne_bytes());
+        }
+        for (name, kind, _) in &names {
+            let mut slot = [0u8; NAME_BYTES];
+            slot[..name.len()].copy_from_slice(name.as_bytes());
+            slot[NAME_BYTES - 1] = kind.byte();
+            bytes.extend_from_slice(&slot);
+        }
+        bytes.resize(bytes.len() + names.len() * 8, 0);
+        let len = bytes.len().next_multiple_of(PAGE_SIZE);
+        let path = dir.join(format!("{pid}-{n}"));
+        let tmp = dir.join(format!(".{pid}-{n}.tmp"));
+        let made = (|| -> std::io::Result<Mapping> {
+            let file = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            (&file).write_all(&bytes)?;
+            file.set_len(len as u64)?;
+            let map = Mapping::shared_file(&file, len)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno))?;
+            std::fs::rename(&tmp, &path)?;
+            Ok(map)
+        })();
+        let map = made.inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        let mut p = Publisher {
+            map,
+            path,
+            fields: names.len(),
+            window: None,
+            recent: LatencySummary::default(),
+            states: (0, 0),
+            next_walk: Instant::now(),
+        };
+        p.publish(core);
+        Ok(p)
+    }
+
+    /// The mapping as words.
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is page aligned (so 8-byte aligned), its
+        // length a multiple of 8, and it stays mapped as long as `self`;
+        // `AtomicU64` has the layout of `u64`, and every access to these
+        // words in this process goes through the atomics (other processes
+        // only read; one that wrote would change numbers, never memory
+        // safety).
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicU64>(), self.map.len() / 8)
+        }
+    }
+
+    /// Copies the manager's statistics into the file, under the seqlock.
+    pub(crate) fn publish(&mut self, core: &Core) {
+        let (snap, merged) = snapshot(core);
+        let now = Instant::now();
+        match &self.window {
+            Some((at, _)) if now.duration_since(*at) < Duration::from_secs(1) => {}
+            Some((_, old)) => {
+                let mut recent = merged.clone();
+                // Same bounds, and `old` is an earlier state: cannot fail.
+                self.recent = match recent.subtract(old) {
+                    Ok(()) => LatencySummary::of(&recent),
+                    Err(_) => LatencySummary::default(),
+                };
+                self.window = Some((now, merged.clone()));
+            }
+            None => self.window = Some((now, merged.clone())),
+        }
+        if now >= self.next_walk {
+            let t0 = Instant::now();
+            self.states = count_states(core);
+            self.next_walk = now + (t0.elapsed() * 400).max(PERIOD);
+        }
+        let q = |f: f64| {
+            if merged.is_empty() {
+                0
+            } else {
+                merged.value_at_quantile(f)
+            }
+        };
+        let extra = Extra {
+            published_unix_ns: unix_ns(),
+            frames_resident: self.states.0,
+            frames_parked: self.states.1,
+            service_p90_ns: q(0.9),
+            service_p999_ns: q(0.999),
+            recent: self.recent,
+        };
+        let values = fields(&snap, &extra);
+        let w = self.words();
+        let base = HEADER_WORDS + self.fields * NAME_BYTES / 8;
+        // Writers: this thread only. Odd while the values change.
+        let seq = w[W_SEQ].load(Ordering::Relaxed);
+        w[W_SEQ].store(seq.wrapping_add(1) | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (i, (_, _, v)) in values.iter().enumerate().take(self.fields) {
+            w[base + i].store(*v, Ordering::Relaxed);
+        }
+        w[W_SEQ].store((seq | 1).wrapping_add(1), Ordering::Release);
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        // A child of fork() has no publisher (the thread that owns it is
+        // the parent's), so this is the owner: the file goes.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_fit_their_slots_and_are_unique() {
+        let f = fields(&StatsSnapshot::default(), &Extra::default());
+        let mut names: Vec<&str> = f.iter().map(|x| x.0).collect();
+        assert!(names.iter().all(|n| n.len() < NAME_BYTES), "{names:?}");
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), f.len(), "a name twice");
+    }
+}
