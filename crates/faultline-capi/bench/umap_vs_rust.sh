@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 mib=${1:-512} buf=${2:-16384} reads=${3:-300000} runs=${4:-5}
-cargo build -q --release -p faultline-umap --example rust_random_reader
+cargo build -q --release -p faultline-umap --lib --example rust_random_reader
 out=$(mktemp -d /tmp/umap-vs-rust.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 lib=${CARGO_TARGET_DIR:-target}/release
