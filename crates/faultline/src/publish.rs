@@ -209,6 +209,13 @@ fn summary_fields(names: &[&'static str; 5], l: &LatencySummary) -> [(&'static s
 /// The manager's statistics now (`Manager::stats`), with the workers'
 /// merged service-time histogram.
 pub(crate) fn snapshot(c: &Core) -> (StatsSnapshot, Histogram<u64>) {
+    let merged = c.stats.merged_service();
+    (snapshot_with(c, LatencySummary::of(&merged)), merged)
+}
+
+/// [`snapshot`] with the summary of the workers' merged service times
+/// given.
+fn snapshot_with(c: &Core, service: LatencySummary) -> StatsSnapshot {
     // Reserve frames are free memory that happens to be zeroed already.
     let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
     // Frames given back to the kernel: idle ones are free memory (taken
@@ -219,16 +226,15 @@ pub(crate) fn snapshot(c: &Core) -> (StatsSnapshot, Histogram<u64>) {
     let (held, withheld) = ledger.counts();
     let free = c.alloc.free_pages() + reserve + (held - withheld);
     drop(ledger);
-    let merged = c.stats.merged_service();
     let mut snap = c
         .stats
-        .snapshot_of(&merged, c.pool.pages() - withheld, free);
+        .snapshot_of(service, c.pool.pages() - withheld, free);
     snap.budget_frames = crate::budget::budget_pages(c);
     snap.locks = c.locks.stat();
     snap.frames_prezeroed = reserve;
     let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();
     snap.metadata_bytes = states + c.fps.bytes();
-    (snap, merged)
+    snap
 }
 
 /// Resident and parked pages, in 4 KiB frames (a racy walk of the pages in
@@ -260,24 +266,57 @@ pub(crate) fn next_number() -> u32 {
 /// (`Manager::prometheus_text`; labelled as its file would be).
 pub(crate) fn prometheus_of(core: &Core, number: u32) -> String {
     let (snap, merged) = snapshot(core);
-    let (frames_resident, frames_parked) = count_states(core);
-    let q = |f: f64| {
-        if merged.is_empty() {
-            0
-        } else {
-            merged.value_at_quantile(f)
-        }
-    };
-    let extra = Extra {
-        published_unix_ns: unix_ns(),
-        frames_resident,
-        frames_parked,
-        service_p90_ns: q(0.9),
-        service_p999_ns: q(0.999),
-        recent: LatencySummary::default(),
-    };
+    let extra = extra_of(
+        &Merged::of(0, merged),
+        count_states(core),
+        LatencySummary::default(),
+    );
     let pid = faultline_sys::host::process_id();
     prometheus(&[Published::of(pid, number, fields(&snap, &extra))])
+}
+
+/// The figures published beside the snapshot's: tail percentiles of the
+/// merged service times, frames `(resident, parked)`, the recent window's
+/// summary.
+fn extra_of(m: &Merged, states: (u64, u64), recent: LatencySummary) -> Extra {
+    Extra {
+        published_unix_ns: unix_ns(),
+        frames_resident: states.0,
+        frames_parked: states.1,
+        service_p90_ns: m.p90,
+        service_p999_ns: m.p999,
+        recent,
+    }
+}
+
+/// The workers' service times merged, with the figures taken from them,
+/// as of `count` samples.
+#[derive(Debug)]
+struct Merged {
+    count: u64,
+    hist: Histogram<u64>,
+    summary: LatencySummary,
+    p90: u64,
+    p999: u64,
+}
+
+impl Merged {
+    fn of(count: u64, hist: Histogram<u64>) -> Merged {
+        let q = |f: f64| {
+            if hist.is_empty() {
+                0
+            } else {
+                hist.value_at_quantile(f)
+            }
+        };
+        Merged {
+            count,
+            summary: LatencySummary::of(&hist),
+            p90: q(0.9),
+            p999: q(0.999),
+            hist,
+        }
+    }
 }
 
 fn unix_ns() -> u64 {
@@ -292,13 +331,18 @@ pub(crate) struct Publisher {
     map: Mapping,
     path: PathBuf,
     fields: usize,
-    /// The merged service histogram at the start of the recent window.
-    window: Option<(Instant, Histogram<u64>)>,
+    /// The start of the recent window: when, and the merged service
+    /// histogram's sample count and copy then.
+    window: Option<(Instant, u64, Histogram<u64>)>,
     recent: LatencySummary,
     /// The page walk's result, and when it may run again (it is skipped
     /// while its last run cost more than 0.25% of the time since).
     states: (u64, u64),
     next_walk: Instant,
+    /// The merged service times: merged again (and their percentiles
+    /// taken) only when the sample count moved — the histograms only grow —
+    /// so an idle manager's publication costs no merge.
+    merged: Option<Merged>,
 }
 
 impl Publisher {
@@ -357,6 +401,7 @@ impl Publisher {
             recent: LatencySummary::default(),
             states: (0, 0),
             next_walk: Instant::now(),
+            merged: None,
         };
         p.publish(core);
         Ok(p)
@@ -377,42 +422,41 @@ impl Publisher {
 
     /// Copies the manager's statistics into the file, under the seqlock.
     pub(crate) fn publish(&mut self, core: &Core) {
-        let (snap, merged) = snapshot(core);
+        // Counted before merging: a sample recorded meanwhile is merged
+        // again next time.
+        let count = core.stats.service_count();
+        let m = match self.merged.take() {
+            Some(m) if m.count == count => m,
+            _ => Merged::of(count, core.stats.merged_service()),
+        };
+        let snap = snapshot_with(core, m.summary);
         let now = Instant::now();
         match &self.window {
-            Some((at, _)) if now.duration_since(*at) < Duration::from_secs(1) => {}
-            Some((_, old)) => {
-                let mut recent = merged.clone();
+            Some((at, _, _)) if now.duration_since(*at) < Duration::from_secs(1) => {}
+            // Nothing recorded in the window: an empty summary, no copy.
+            Some((_, n, _)) if *n == m.count => {
+                self.recent = LatencySummary::default();
+                self.window = self.window.take().map(|(_, n, h)| (now, n, h));
+            }
+            Some((_, _, old)) => {
+                let mut recent = m.hist.clone();
                 // Same bounds, and `old` is an earlier state: cannot fail.
                 self.recent = match recent.subtract(old) {
                     Ok(()) => LatencySummary::of(&recent),
                     Err(_) => LatencySummary::default(),
                 };
-                self.window = Some((now, merged.clone()));
+                self.window = Some((now, m.count, m.hist.clone()));
             }
-            None => self.window = Some((now, merged.clone())),
+            None => self.window = Some((now, m.count, m.hist.clone())),
         }
         if now >= self.next_walk {
             let t0 = Instant::now();
             self.states = count_states(core);
             self.next_walk = now + (t0.elapsed() * 400).max(PERIOD);
         }
-        let q = |f: f64| {
-            if merged.is_empty() {
-                0
-            } else {
-                merged.value_at_quantile(f)
-            }
-        };
-        let extra = Extra {
-            published_unix_ns: unix_ns(),
-            frames_resident: self.states.0,
-            frames_parked: self.states.1,
-            service_p90_ns: q(0.9),
-            service_p999_ns: q(0.999),
-            recent: self.recent,
-        };
+        let extra = extra_of(&m, self.states, self.recent);
         let values = fields(&snap, &extra);
+        self.merged = Some(m);
         let w = self.words();
         let base = HEADER_WORDS + self.fields * NAME_BYTES / 8;
         // Writers: this thread only. Odd while the values change.

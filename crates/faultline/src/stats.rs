@@ -130,6 +130,11 @@ impl Stats {
         h.saturating_record(ns.max(1));
     }
 
+    /// Service times recorded so far, all workers.
+    pub(crate) fn service_count(&self) -> u64 {
+        self.hist.iter().map(|h| h.lock().len()).sum()
+    }
+
     /// The workers' service-time histograms, merged.
     pub(crate) fn merged_service(&self) -> Histogram<u64> {
         let mut merged = new_hist();
@@ -143,13 +148,15 @@ impl Stats {
     /// A consistent-enough copy of every counter (each read individually).
     #[cfg(test)]
     pub fn snapshot(&self, frames_total: usize, frames_free: usize) -> StatsSnapshot {
-        self.snapshot_of(&self.merged_service(), frames_total, frames_free)
+        let service = LatencySummary::of(&self.merged_service());
+        self.snapshot_of(service, frames_total, frames_free)
     }
 
-    /// [`Stats::snapshot`] with the merged service histogram given.
+    /// [`Stats::snapshot`] with the merged service histogram's summary
+    /// given.
     pub(crate) fn snapshot_of(
         &self,
-        merged: &Histogram<u64>,
+        service: LatencySummary,
         frames_total: usize,
         frames_free: usize,
     ) -> StatsSnapshot {
@@ -197,7 +204,7 @@ impl Stats {
             budget_frames: 0,
             frames_total,
             frames_free,
-            service: LatencySummary::of(merged),
+            service,
             store_reads: self.store_reads.summary(),
             store_writes: self.store_writes.summary(),
         }
