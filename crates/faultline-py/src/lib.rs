@@ -1,6 +1,6 @@
 //! The Python binding of faultline (`faultline._faultline`, wrapped by the
-//! pure-Python package `faultline`): a [`manager::PyManager`] maps regions
-//! over files or zeros, and each [`region::PyRegion`] exports the buffer
+//! pure-Python package `faultline`): a `Manager` (`manager.rs`) maps regions
+//! over files or zeros, and each `Region` (`region.rs`) exports the buffer
 //! protocol over its memory, so NumPy views it without a copy.
 //!
 //! Invariants: nothing panics across the FFI boundary (every fallible call
