@@ -113,8 +113,9 @@ def test_read_only_refuses_writes(scratch):
     assert path.read_bytes() == before
 
 
-@pytest.mark.skipif(not thp_available(), reason="transparent huge pages are off")
 def test_huge_pages(scratch):
+    if not thp_available():
+        pytest.fail("2 MiB pages need transparent huge pages in madvise or always mode")
     path = scratch / "h.u32"
     oracle = write_random(path, 32 * MiB, 6).view(np.uint32)
     mm = faultline.Manager(budget="16M")
