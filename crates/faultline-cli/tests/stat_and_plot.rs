@@ -271,7 +271,7 @@ fn plot_checked(json: &Path, png: &Path) {
         .arg("-o")
         .arg(png)
         .output()
-        .unwrap();
+        .expect("run faultline plot");
     assert!(
         out.status.success(),
         "{}: {}",

@@ -1,7 +1,7 @@
 //! `libumap.so`: LLNL Umap's C API (`include/umap/umap.h`) served by
 //! faultline, so programs written for Umap run unchanged: `umap()` maps a
 //! file (through the process-wide faultline manager, started on the first
-//! call and configured by Umap's `UMAP_*` variables, see [`config`]),
+//! call and configured by Umap's `UMAP_*` variables, see `config.rs`),
 //! `uunmap()` writes back and unmaps, `umap_flush()` writes every region
 //! back, `umap_prefetch()` / `umap_fetch_and_pin()` map pages ahead of use,
 //! and the `umapcfg_get_*` getters report the settings.
@@ -13,7 +13,7 @@
 //! and reports failures through its return value and `errno` (plus one line
 //! on stderr naming the cause, as Umap's log does).
 //!
-//! Locks: the registry's mutex ([`registry`]) per call; faults take none.
+//! Locks: the registry's mutex (`registry.rs`) per call; faults take none.
 
 mod config;
 mod registry;

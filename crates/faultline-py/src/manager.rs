@@ -1,0 +1,265 @@
+//! `faultline.Manager`: a faultline manager (frame pool under a budget,
+//! fault workers) and the regions it maps — over a file (`map_file`, modes
+//! `r`, `r+`, `w+` as `numpy.memmap`'s) or zeros (`map_zero`).
+//!
+//! Each manager runs an error watcher thread: it takes the manager's fault
+//! errors as they are queued, keeps them for `errors()`, and publishes the
+//! last one for the SIGBUS reporter (`sigbus.rs`). The thread holds a clone
+//! of the manager; it stops within 100 ms once the Python object is
+//! dropped. Locks: the error list's mutex (a leaf).
+
+use crate::region::{Mapped, PyRegion};
+use crate::{err, sigbus, size};
+use faultline::store::{File, FileOptions, Zero};
+use faultline::{MapOptions, PageSize};
+use parking_lot::Mutex;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A faultline memory manager: `Manager(budget="256M", workers=2)`.
+#[pyclass(frozen, name = "Manager", module = "faultline")]
+pub struct PyManager {
+    pub(crate) mm: faultline::Manager,
+    errors: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for PyManager {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Parses a page size: `"4K"` (4096) or `"2M"`.
+fn page_size(v: &Bound<'_, PyAny>) -> PyResult<PageSize> {
+    match size::from_py(v)? {
+        4096 => Ok(PageSize::Base4K),
+        n if n == 2 << 20 => Ok(PageSize::Huge2M),
+        n => Err(PyValueError::new_err(format!(
+            "page_size is \"4K\" or \"2M\", not {n} bytes"
+        ))),
+    }
+}
+
+/// Watches `mm`'s fault errors until `stop` (see the module doc).
+fn watch(mm: faultline::Manager, errors: Arc<Mutex<Vec<String>>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        if let Some(e) = mm.next_error(Duration::from_millis(100)) {
+            let msg = e.to_string();
+            sigbus::record(e.addr().unwrap_or(0), &msg);
+            errors.lock().push(msg);
+        }
+    }
+}
+
+#[pymethods]
+impl PyManager {
+    /// Starts a manager: `budget` bytes of frames (a multiple of 2 MiB; an
+    /// int or "256M"), `workers` fault threads, and optionally the
+    /// read-ahead window (`readahead_max`, 4 KiB pages) and the share of the
+    /// budget in 4 KiB frames without huge pages (`small_zone_pct`).
+    #[new]
+    #[pyo3(signature = (budget = None, workers = 2, readahead_max = None, small_zone_pct = None))]
+    fn new(
+        py: Python<'_>,
+        budget: Option<&Bound<'_, PyAny>>,
+        workers: usize,
+        readahead_max: Option<usize>,
+        small_zone_pct: Option<usize>,
+    ) -> PyResult<Self> {
+        let budget = match budget {
+            Some(b) => size::from_py(b)?,
+            None => 256 << 20,
+        };
+        let mut b = faultline::Manager::builder()
+            .budget(budget)
+            .workers(workers);
+        if let Some(r) = readahead_max {
+            b = b.readahead_max(r);
+        }
+        if let Some(p) = small_zone_pct {
+            b = b.small_zone_pct(p);
+        }
+        let mm = py
+            .allow_threads(move || b.build())
+            .map_err(|e| err("cannot start a faultline manager", e))?;
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (m, e, s) = (mm.clone(), Arc::clone(&errors), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("faultline-py-errors".into())
+            .spawn(move || watch(m, e, s))
+            .map_err(|e| err("cannot start the error watcher thread", e))?;
+        Ok(PyManager { mm, errors, stop })
+    }
+
+    /// Maps `length` bytes (default: to the end of the file) of the file at
+    /// `path` from byte `offset`. `mode`: "r" read-only, "r+" read-write,
+    /// "w+" create or truncate to `offset + length` bytes, read-write.
+    #[pyo3(signature = (path, mode = "r", offset = 0, length = None, page_size = None))]
+    fn map_file(
+        slf: &Bound<'_, Self>,
+        path: std::path::PathBuf,
+        mode: &str,
+        offset: u64,
+        length: Option<&Bound<'_, PyAny>>,
+        page_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRegion> {
+        let page = match page_size {
+            Some(p) => self::page_size(p)?,
+            None => PageSize::Base4K,
+        };
+        let length = length.map(size::from_py).transpose()?;
+        let shown = path.display();
+        let (file, writable) = match mode {
+            "r" | "r+" => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(mode == "r+")
+                    .open(&path)
+                    .map_err(|e| err(&format!("cannot open {shown}"), e))?;
+                (f, mode == "r+")
+            }
+            "w+" => {
+                let Some(len) = length else {
+                    return Err(PyValueError::new_err("mode \"w+\" needs a length"));
+                };
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(|e| err(&format!("cannot create {shown}"), e))?;
+                f.set_len(offset + len as u64)
+                    .map_err(|e| err(&format!("cannot size {shown}"), e))?;
+                (f, true)
+            }
+            m => {
+                return Err(PyValueError::new_err(format!(
+                    "mode is \"r\", \"r+\" or \"w+\", not {m:?}"
+                )))
+            }
+        };
+        let file_len = file
+            .metadata()
+            .map_err(|e| err(&format!("cannot stat {shown}"), e))?
+            .len();
+        let length = match length {
+            Some(l) => l,
+            None if file_len > offset => (file_len - offset) as usize,
+            None => {
+                return Err(PyValueError::new_err(format!(
+                    "{shown}: nothing to map at offset {offset} (the file has {file_len} bytes)"
+                )))
+            }
+        };
+        if length == 0 {
+            return Err(PyValueError::new_err("cannot map 0 bytes"));
+        }
+        let span = length.div_ceil(page.bytes()) * page.bytes();
+        // Pages past the end of the file read as zeros and a write-back
+        // there would grow the file: cut it back to its length after each
+        // write-back (region.rs).
+        let end = file_len.max(offset + length as u64);
+        let trim = if writable && end < offset + span as u64 {
+            let keep = file
+                .try_clone()
+                .map_err(|e| err(&format!("cannot reopen {shown}"), e))?;
+            Some((keep, end))
+        } else {
+            None
+        };
+        let store = File::from_file(file, FileOptions::new().offset(offset).writable(writable));
+        let opts = MapOptions::new().page_size(page);
+        let me = slf.get();
+        let what = format!("cannot map {shown}");
+        let mapped = if writable {
+            Mapped::Rw(me.mm.map(span, store, opts).map_err(|e| err(&what, e))?)
+        } else {
+            Mapped::Ro(
+                me.mm
+                    .map_read_only(span, store, opts)
+                    .map_err(|e| err(&what, e))?,
+            )
+        };
+        Ok(PyRegion::new(slf.clone().unbind(), mapped, length, trim))
+    }
+
+    /// Maps `length` bytes of zeros (memory under the budget; its pages are
+    /// never written to a store, so they are not reclaimed).
+    #[pyo3(signature = (length, page_size = None))]
+    fn map_zero(
+        slf: &Bound<'_, Self>,
+        length: &Bound<'_, PyAny>,
+        page_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRegion> {
+        let page = match page_size {
+            Some(p) => self::page_size(p)?,
+            None => PageSize::Base4K,
+        };
+        let length = size::from_py(length)?;
+        if length == 0 {
+            return Err(PyValueError::new_err("cannot map 0 bytes"));
+        }
+        let span = length.div_ceil(page.bytes()) * page.bytes();
+        let r = slf
+            .get()
+            .mm
+            .map(span, Zero, MapOptions::new().page_size(page))
+            .map_err(|e| err("cannot map zeros", e))?;
+        Ok(PyRegion::new(
+            slf.clone().unbind(),
+            Mapped::Rw(r),
+            length,
+            None,
+        ))
+    }
+
+    /// The manager's statistics as a dict (faults, evictions, write-backs,
+    /// frames free, fault service latency, ...).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let json = serde_json::to_string(&self.mm.stats())
+            .map_err(|e| err("cannot encode the statistics", e))?;
+        let v = py.import("json")?.call_method1("loads", (json,))?;
+        Ok(v.downcast_into::<PyDict>()?)
+    }
+
+    /// The fault errors seen so far (messages, oldest first): faults that
+    /// could not be served, whose threads got SIGBUS.
+    fn errors(&self) -> Vec<String> {
+        self.errors.lock().clone()
+    }
+
+    /// Changes the budget while the manager runs (bytes or "128M").
+    fn set_budget(&self, py: Python<'_>, budget: &Bound<'_, PyAny>) -> PyResult<()> {
+        let b = size::from_py(budget)?;
+        py.allow_threads(|| self.mm.set_budget(b))
+            .map_err(|e| err("cannot change the budget", e))
+    }
+
+    /// The budget in bytes.
+    #[getter]
+    fn budget(&self) -> usize {
+        self.mm.stats().budget_frames * 4096
+    }
+
+    /// The number of regions mapped.
+    #[getter]
+    fn regions(&self) -> usize {
+        self.mm.regions()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "faultline.Manager(budget={}, workers={}, regions={})",
+            self.budget(),
+            self.mm.config().workers,
+            self.mm.regions()
+        )
+    }
+}
