@@ -223,6 +223,21 @@ int32_t fl_region_flush(const struct fl_region *r);
 // `r` is a live region.
 int64_t fl_region_prefetch(const struct fl_region *r, uint64_t offset, uint64_t len);
 
+// Maps bytes `[offset, offset + len)` now and pins them: reclaim passes
+// over them until `fl_region_unpin` or the region is freed. Returns the
+// pages mapped, or a negative errno.
+//
+// # Safety
+// `r` is a live region.
+int64_t fl_region_pin(const struct fl_region *r, uint64_t offset, uint64_t len);
+
+// Lets reclaim take the pages of bytes `[offset, offset + len)` again.
+// 0, or a negative errno.
+//
+// # Safety
+// `r` is a live region.
+int32_t fl_region_unpin(const struct fl_region *r, uint64_t offset, uint64_t len);
+
 // Gives the pages of bytes `[offset, offset + len)` back at once, without
 // write-back: afterwards they read the store's copy (`zero == false`:
 // unwritten changes are dropped) or zeros (`zero == true`: the store's copy

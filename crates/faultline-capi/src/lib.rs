@@ -29,6 +29,7 @@ pub use manager::{
 pub use region::{
     fl_map_file, fl_map_options, fl_map_options_default, fl_map_store, fl_map_zero, fl_region,
     fl_region_addr, fl_region_collapse, fl_region_discard, fl_region_flush, fl_region_free,
-    fl_region_len, fl_region_migrate, fl_region_prefetch, fl_region_resident_pages,
+    fl_region_len, fl_region_migrate, fl_region_pin, fl_region_prefetch, fl_region_resident_pages,
+    fl_region_unpin,
 };
 pub use store::fl_store_ops;

@@ -288,6 +288,39 @@ pub unsafe extern "C" fn fl_region_prefetch(r: *const fl_region, offset: u64, le
     )
 }
 
+/// Maps bytes `[offset, offset + len)` now and pins them: reclaim passes
+/// over them until `fl_region_unpin` or the region is freed. Returns the
+/// pages mapped, or a negative errno.
+///
+/// # Safety
+/// `r` is a live region.
+#[no_mangle]
+pub unsafe extern "C" fn fl_region_pin(r: *const fl_region, offset: u64, len: u64) -> i64 {
+    guard(
+        |e| -i64::from(e),
+        || {
+            let range = byte_range(offset, len)?;
+            // SAFETY: per the contract.
+            let n = either!(unsafe { region(r) }?, x => x.pin(range));
+            n.map(|n| n as i64).map_err(fault_failure)
+        },
+    )
+}
+
+/// Lets reclaim take the pages of bytes `[offset, offset + len)` again.
+/// 0, or a negative errno.
+///
+/// # Safety
+/// `r` is a live region.
+#[no_mangle]
+pub unsafe extern "C" fn fl_region_unpin(r: *const fl_region, offset: u64, len: u64) -> i32 {
+    status(|| {
+        let range = byte_range(offset, len)?;
+        // SAFETY: per the contract.
+        either!(unsafe { region(r) }?, x => x.unpin(range)).map_err(fault_failure)
+    })
+}
+
 /// Gives the pages of bytes `[offset, offset + len)` back at once, without
 /// write-back: afterwards they read the store's copy (`zero == false`:
 /// unwritten changes are dropped) or zeros (`zero == true`: the store's copy

@@ -10,8 +10,7 @@
  *  - uunmap() writes dirty pages back and releases the address range; if
  *    the write-back fails it returns -1 (errno EIO) and keeps the region;
  *  - UMAP_BUFSIZE of any size works (the pool is whole 2 MiB frames, so it
- *    is rounded up to them); UMAP_PAGESIZE is 4096 or 2097152;
- *  - umap_fetch_and_pin() fetches the range but does not pin it.
+ *    is rounded up to them); UMAP_PAGESIZE is 4096 or 2097152.
  * See crates/faultline-capi/README.md.
  */
 #ifndef _UMAP_H_

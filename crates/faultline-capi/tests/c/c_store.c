@@ -80,6 +80,8 @@ int main(void) {
         memcpy(base + b * BLOCK, &w, 8);
       }
     }
+  CHECK(fl_region_pin(r, 0, 1 << 20) >= 0, "pin: %s", fl_last_error());
+  CHECK(fl_region_unpin(r, 0, 1 << 20) == 0, "unpin: %s", fl_last_error());
   CHECK(fl_region_flush(r) == 0, "flush: %s", fl_last_error());
   for (uint64_t b = 0; b < REGION / BLOCK; b++) {
     uint64_t w;

@@ -61,8 +61,38 @@ pub fn require_userfaultfd() {
     );
 }
 
-/// Compiles `tests/c/<name>.c` into `out`, linked with `-l<lib>`.
+/// Builds the C libraries (`cargo test` builds a package's library only
+/// when its tests can link it, which they cannot a `cdylib`): the same
+/// profile and target directory as this test binary.
+pub fn build_libraries() {
+    let target = lib_dir().parent().expect("<target>").to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "build",
+        "-q",
+        "-p",
+        "faultline-capi",
+        "-p",
+        "faultline-umap",
+    ])
+    .env("CARGO_TARGET_DIR", &target)
+    .current_dir(capi_dir());
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build for the C libraries");
+    assert!(
+        status.success(),
+        "cargo build of libfaultline.so / libumap.so failed"
+    );
+}
+
+/// Compiles `tests/c/<name>.c` into `out`, linked with `-l<lib>` (built
+/// first).
 pub fn compile(name: &str, lib: &str, out: &Path) -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(build_libraries);
     let src = capi_dir().join("tests/c").join(format!("{name}.c"));
     let exe = out.join(name);
     let status = Command::new("cc")

@@ -3,7 +3,8 @@
 //! file (through the process-wide faultline manager, started on the first
 //! call and configured by Umap's `UMAP_*` variables, see `config.rs`),
 //! `uunmap()` writes back and unmaps, `umap_flush()` writes every region
-//! back, `umap_prefetch()` / `umap_fetch_and_pin()` map pages ahead of use,
+//! back, `umap_prefetch()` maps pages ahead of use, `umap_fetch_and_pin()`
+//! maps and pins them,
 //! and the `umapcfg_get_*` getters report the settings.
 //!
 //! Where Umap is wrong, this layer is right (and says so in the header):
@@ -240,32 +241,34 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
     guard("umap_prefetch", (), || {
         for item in items {
             let start = item.page_base_addr as usize;
-            fetch(start, start.saturating_add(page))?;
+            fetch(start, start.saturating_add(page), false)?;
         }
         Ok(())
     })
 }
 
-/// Maps bytes `[paddr, paddr + size)` of a umap region now. faultline does
-/// not pin them: under memory pressure they may be reclaimed like others.
+/// Maps bytes `[paddr, paddr + size)` of a umap region now and pins them:
+/// reclaim never takes them until the region is unmapped.
 #[no_mangle]
 pub extern "C" fn umap_fetch_and_pin(paddr: *mut c_char, size: u64) {
     guard("umap_fetch_and_pin", (), || {
         let start = paddr as usize;
-        fetch(start, start.saturating_add(size as usize))
+        fetch(start, start.saturating_add(size as usize), true)
     })
 }
 
-/// Prefetches bytes `[start, end)` (clipped to the region holding `start`).
-fn fetch(start: usize, end: usize) -> Result<(), Failure> {
+/// Prefetches (and with `pin`, pins) bytes `[start, end)`, clipped to the
+/// region holding `start`.
+fn fetch(start: usize, end: usize, pin: bool) -> Result<(), Failure> {
     let guard = lock();
     let m = guard
         .as_ref()
         .and_then(|r| r.find(start))
         .ok_or_else(|| invalid(format!("{start:#x}: no umap region")))?;
     let r = m.range();
-    m.prefetch(start - r.start..end.min(r.end) - r.start)
-        .map(|_| ())
+    let range = start - r.start..end.min(r.end) - r.start;
+    let done = if pin { m.pin(range) } else { m.prefetch(range) };
+    done.map(|_| ())
         .map_err(|e| Failure(libc::EIO, e.to_string()))
 }
 

@@ -46,6 +46,14 @@ impl Mapped {
         }
     }
 
+    /// Maps bytes `range` now and keeps them in memory.
+    pub(crate) fn pin(&self, range: Range<usize>) -> Result<usize, FaultError> {
+        match self {
+            Mapped::Rw(r) => r.pin(range),
+            Mapped::Ro(r) => r.pin(range),
+        }
+    }
+
     /// Flushes and unmaps; hands the region back if the flush failed.
     pub(crate) fn close(self) -> Result<(), (Mapped, StoreError)> {
         match self {

@@ -56,6 +56,11 @@ fn many_threads_fault_at_once() {
 }
 
 #[test]
+fn fetch_and_pin_keeps_pages_in_memory() {
+    run_matrix("pin", &["16"]);
+}
+
+#[test]
 fn where_faultline_is_right() {
     run_matrix("semantics", &[]);
 }

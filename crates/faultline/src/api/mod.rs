@@ -6,6 +6,7 @@
 mod access;
 mod builder;
 mod manager;
+mod pin;
 mod region;
 mod service;
 mod teardown;

@@ -243,6 +243,10 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
         };
         page = next;
         steps += 1;
+        if r.pins.contains(page) {
+            page += 1;
+            continue;
+        }
         if evicted.len() >= 64 {
             core.alloc.free_bulk(&mut evicted);
         }
@@ -299,7 +303,7 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     let mut guards = Vec::new();
     let n = r.lock_run(&core.locks, page, RUN_MAX, &mut mine, &mut guards, |p| {
         let fp = f + (p - page) as u32;
-        r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0
+        r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0 && !r.pins.contains(p)
     });
     if n < 2 {
         return 0;

@@ -23,6 +23,7 @@
 //! before teardown visits it (and teardown moves it back), or it sees `dying`
 //! and only wakes.
 
+mod pins;
 mod states;
 pub mod table;
 mod tree;
@@ -100,6 +101,8 @@ pub struct RegionInner {
     holding: AtomicUsize,
     /// Never reclaimed ([`crate::MapOptions::pinned`]).
     pub(crate) pinned: bool,
+    /// Page ranges never reclaimed (`Region::pin`).
+    pub(crate) pins: pins::Pins,
     /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
     /// a few threads each reading sequentially are each recognized. A leaf
     /// mutex, taken only on faults of store-backed regions.
@@ -127,6 +130,7 @@ impl RegionInner {
             dying: AtomicBool::new(false),
             holding: AtomicUsize::new(0),
             pinned,
+            pins: pins::Pins::default(),
             streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
     }
