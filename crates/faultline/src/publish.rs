@@ -26,8 +26,6 @@
 //! briefly (the merge), and those [`snapshot`] takes.
 
 use crate::core::Core;
-use crate::frame::FrameAllocator;
-use crate::region::PageState;
 use crate::stats::{LatencySummary, StatsSnapshot};
 use faultline_sys::mem::Mapping;
 use faultline_sys::PAGE_SIZE;
@@ -37,7 +35,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod figures;
 mod read;
+
+pub(crate) use figures::snapshot;
+use figures::{activity, count_states, snapshot_with, Merged};
 pub use read::{prometheus, read_file, scan, FieldValue, Published, PublishedError, Scan};
 
 /// Where managers publish their stats files.
@@ -45,6 +47,10 @@ pub const STATS_DIR: &str = "/dev/shm/faultline";
 
 /// How often the background reclaimer republishes.
 pub(crate) const PERIOD: Duration = Duration::from_millis(250);
+
+/// How often it republishes while nothing happens (no fault, reclaim or
+/// write-back since the last publication): an idle manager stays idle.
+pub(crate) const IDLE_PERIOD: Duration = Duration::from_secs(1);
 
 const MAGIC: u64 = u64::from_le_bytes(*b"FLSTATS\0");
 const VERSION: u64 = 1;
@@ -206,54 +212,6 @@ fn summary_fields(names: &[&'static str; 5], l: &LatencySummary) -> [(&'static s
     ]
 }
 
-/// The manager's statistics now (`Manager::stats`), with the workers'
-/// merged service-time histogram.
-pub(crate) fn snapshot(c: &Core) -> (StatsSnapshot, Histogram<u64>) {
-    let merged = c.stats.merged_service();
-    (snapshot_with(c, LatencySummary::of(&merged)), merged)
-}
-
-/// [`snapshot`] with the summary of the workers' merged service times
-/// given.
-fn snapshot_with(c: &Core, service: LatencySummary) -> StatsSnapshot {
-    // Reserve frames are free memory that happens to be zeroed already.
-    let reserve = c.reserve.lock().len() * crate::frame::PAGES_PER_HUGE;
-    // Frames given back to the kernel: idle ones are free memory (taken
-    // back on demand); withheld ones are outside the budget.
-    // (Under the ledger's lock, frames in the middle of an inflate or
-    // deflate are counted once.)
-    let ledger = c.balloon.ledger();
-    let (held, withheld) = ledger.counts();
-    let free = c.alloc.free_pages() + reserve + (held - withheld);
-    drop(ledger);
-    let mut snap = c
-        .stats
-        .snapshot_of(service, c.pool.pages() - withheld, free);
-    snap.budget_frames = crate::budget::budget_pages(c);
-    snap.locks = c.locks.stat();
-    snap.frames_prezeroed = reserve;
-    let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();
-    snap.metadata_bytes = states + c.fps.bytes();
-    snap
-}
-
-/// Resident and parked pages, in 4 KiB frames (a racy walk of the pages in
-/// use, exact when no page changes state).
-fn count_states(c: &Core) -> (u64, u64) {
-    let (mut resident, mut parked) = (0u64, 0u64);
-    for r in c.table.snapshot().iter() {
-        let per = (r.page_size.bytes() / PAGE_SIZE) as u64;
-        for p in r.used_pages(0..r.pages()) {
-            match r.state(p) {
-                PageState::Resident(_) => resident += per,
-                PageState::Parked(_) => parked += per,
-                _ => {}
-            }
-        }
-    }
-    (resident, parked)
-}
-
 /// Managers made by this process so far (the `<n>` of the file name).
 static MANAGERS: AtomicU32 = AtomicU32::new(0);
 
@@ -289,36 +247,6 @@ fn extra_of(m: &Merged, states: (u64, u64), recent: LatencySummary) -> Extra {
     }
 }
 
-/// The workers' service times merged, with the figures taken from them,
-/// as of `count` samples.
-#[derive(Debug)]
-struct Merged {
-    count: u64,
-    hist: Histogram<u64>,
-    summary: LatencySummary,
-    p90: u64,
-    p999: u64,
-}
-
-impl Merged {
-    fn of(count: u64, hist: Histogram<u64>) -> Merged {
-        let q = |f: f64| {
-            if hist.is_empty() {
-                0
-            } else {
-                hist.value_at_quantile(f)
-            }
-        };
-        Merged {
-            count,
-            summary: LatencySummary::of(&hist),
-            p90: q(0.9),
-            p999: q(0.999),
-            hist,
-        }
-    }
-}
-
 fn unix_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -343,6 +271,9 @@ pub(crate) struct Publisher {
     /// taken) only when the sample count moved — the histograms only grow —
     /// so an idle manager's publication costs no merge.
     merged: Option<Merged>,
+    /// [`activity`] at the last publication, and at the last page walk.
+    activity: u64,
+    walked: u64,
 }
 
 impl Publisher {
@@ -402,8 +333,10 @@ impl Publisher {
             states: (0, 0),
             next_walk: Instant::now(),
             merged: None,
+            activity: u64::MAX,
+            walked: u64::MAX,
         };
-        p.publish(core);
+        p.publish_now(core, activity(core));
         Ok(p)
     }
 
@@ -420,8 +353,27 @@ impl Publisher {
         }
     }
 
+    /// Publishes (see [`Publisher::publish_now`]) and returns when to
+    /// publish next: [`PERIOD`] from now, or
+    /// [`IDLE_PERIOD`] if the manager did nothing since the last time.
+    pub(crate) fn publish(&mut self, core: &Core) -> Duration {
+        let act = activity(core);
+        let idle = act == self.activity;
+        self.activity = act;
+        self.publish_now(core, act);
+        if idle {
+            IDLE_PERIOD
+        } else {
+            PERIOD
+        }
+    }
+
     /// Copies the manager's statistics into the file, under the seqlock.
-    pub(crate) fn publish(&mut self, core: &Core) {
+    /// Resident and parked pages are counted again if [`activity`] (`act`)
+    /// moved since the last count and the walk's time budget allows: pages
+    /// change state only through the counters it sums, so an idle
+    /// manager's counts stand without a walk.
+    fn publish_now(&mut self, core: &Core, act: u64) {
         // Counted before merging: a sample recorded meanwhile is merged
         // again next time.
         let count = core.stats.service_count();
@@ -449,7 +401,8 @@ impl Publisher {
             }
             None => self.window = Some((now, m.count, m.hist.clone())),
         }
-        if now >= self.next_walk {
+        if act != self.walked && now >= self.next_walk {
+            self.walked = act;
             let t0 = Instant::now();
             self.states = count_states(core);
             self.next_walk = now + (t0.elapsed() * 400).max(PERIOD);

@@ -57,8 +57,9 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// The background reclaimer: wakes every [`TICK`] and, when free memory is
 /// below the low watermark, reclaims up to the high one; while a pass frees
 /// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
-/// stats file, if any, every [`publish::PERIOD`] (with `Config::reclaim`
-/// off, that is all it does).
+/// stats file, if any, every [`publish::PERIOD`] (every
+/// [`publish::IDLE_PERIOD`] while the manager does nothing; with
+/// `Config::reclaim` off, that is all it does).
 pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut idle = TICK;
     let mut above = Above::default();
@@ -91,8 +92,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         }
         if let Some(p) = publisher.as_mut() {
             if Instant::now() >= publish_at {
-                p.publish(core);
-                publish_at = Instant::now() + publish::PERIOD;
+                publish_at = Instant::now() + p.publish(core);
             }
         }
         if !core.config.reclaim || Instant::now() < check_at {
