@@ -22,9 +22,11 @@ with open(path, "wb") as f:
         f.write(struct.pack("<Q", w) + b"\xa5" * 4088)
 PY
 export UMAP_BUFSIZE=$buf UMAP_PAGE_FILLERS=2 UMAP_PAGESIZE=4096
+c() { LD_LIBRARY_PATH="$lib" "$out/umap_random" "$out/data" "$reads"; }
+rust() { "$lib/examples/rust_random_reader" "$out/data" "$reads"; }
+# Alternating, and which goes first alternates too (no order bias).
 for i in $(seq "$runs"); do
-  LD_LIBRARY_PATH="$lib" "$out/umap_random" "$out/data" "$reads"
-  "$lib/examples/rust_random_reader" "$out/data" "$reads"
+  if (( i % 2 )); then c; rust; else rust; c; fi
 done | tee "$out/rows.json"
 python3 - "$out/rows.json" <<'PY'
 import json, statistics, sys
