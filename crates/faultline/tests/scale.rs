@@ -206,9 +206,16 @@ fn an_idle_manager_beside_256_gib_stays_idle() {
     );
     assert!(mm.stats().evicted > 0, "no reclaim: {}", mm.stats());
     std::thread::sleep(Duration::from_secs(1));
-    let t0 = cpu_time();
-    std::thread::sleep(Duration::from_secs(3));
-    let used = cpu_time() - t0;
+    // The least of three 3-s windows: the other tests running beside this
+    // one (CI runs them in parallel on 2 CPUs) only ever add to a window.
+    let used = (0..3)
+        .map(|_| {
+            let t0 = cpu_time();
+            std::thread::sleep(Duration::from_secs(3));
+            cpu_time() - t0
+        })
+        .min()
+        .unwrap_or_default();
     println!("idle CPU {used:?} in 3 s");
     // The goal, < 1% of a CPU, holds for the optimized build; unoptimized
     // code gets three times the room.
