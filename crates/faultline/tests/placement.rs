@@ -31,6 +31,34 @@ fn free_range(len: usize) -> usize {
     }
 }
 
+/// A `PROT_NONE` reservation of `len` bytes at a 2 MiB-aligned address,
+/// made in one `mmap` (the unaligned ends trimmed off); left mapped.
+fn reserve(len: usize) -> usize {
+    // SAFETY: a fresh anonymous mapping (null hint) that nothing else
+    // references; only its own unaligned ends are unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len + 2 * MIB,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        let start = p as usize;
+        let at = (start + 2 * MIB - 1) & !(2 * MIB - 1);
+        if at > start {
+            libc::munmap(p, at - start);
+        }
+        let tail = start + len + 2 * MIB - (at + len);
+        if tail > 0 {
+            libc::munmap((at + len) as *mut libc::c_void, tail);
+        }
+        at
+    }
+}
+
 /// Whether anything is mapped in `[addr, addr + len)`.
 fn mapped(addr: usize, len: usize) -> bool {
     // SAFETY: MAP_FIXED_NOREPLACE never replaces; a mapping made here is
@@ -88,19 +116,10 @@ fn a_region_goes_where_asked_and_its_range_is_free_after_drop(mm: &faultline::Ma
 fn a_range_in_use_is_refused_unless_replacing(mm: &faultline::Manager) {
     // A reservation of the program's own: refused by `at`, replaced by
     // `at_replacing`.
-    let at = free_range(2 * MIB);
-    // SAFETY: a fresh reservation at a free address; nothing references it.
-    let p = unsafe {
-        libc::mmap(
-            at as *mut libc::c_void,
-            2 * MIB,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
-    };
-    assert_eq!(p as usize, at);
+    // Reserved in one call (trimmed to 2 MiB alignment), not freed and
+    // mapped again: another thread of this process could take the range in
+    // between.
+    let at = reserve(2 * MIB);
     let refused = mm.map(2 * MIB, Zero, MapOptions::new().at(at));
     assert!(
         matches!(refused, Err(MapError::AddressInUse { .. })),
