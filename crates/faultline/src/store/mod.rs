@@ -13,8 +13,12 @@
 use std::fmt::Debug;
 
 mod file;
+#[cfg(feature = "redis")]
+mod redis;
 
 pub use file::{File, FileOptions};
+#[cfg(feature = "redis")]
+pub use redis::{Backend, Cluster, Redis, RedisCluster, RedisOptions, RedisStore, Server};
 
 /// A failed store operation.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +57,28 @@ pub enum StoreError {
         /// The panic's message, if it was a string.
         message: String,
     },
+    /// A remote store (Redis) failed: unreachable after its retries, a
+    /// timeout, too few replicas acknowledged a write, or a reply that is
+    /// not a page.
+    #[error("store {op} of page {page} failed: {source}")]
+    Remote {
+        /// `"connect"`, `"read"`, `"write"` or `"discard"`.
+        op: &'static str,
+        /// Page index within the region (0 for `connect`).
+        page: u64,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store refused to be used: it cannot keep pages safely (a Redis
+    /// server that may evict keys) or its address is malformed.
+    #[error("store {store} refused: {reason}")]
+    Refused {
+        /// The store's name.
+        store: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// The store cannot do this operation (e.g. writing back to [`Zero`]).
     #[error("store {store} does not support {op}")]
     Unsupported {
@@ -69,7 +95,12 @@ impl StoreError {
         match self {
             StoreError::Io { source, .. } => source.raw_os_error(),
             StoreError::Unreadable { source, .. } => Some(source.errno),
-            StoreError::Unsupported { .. } | StoreError::Panicked { .. } => None,
+            StoreError::Remote { source, .. } => source
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error),
+            StoreError::Unsupported { .. }
+            | StoreError::Panicked { .. }
+            | StoreError::Refused { .. } => None,
         }
     }
 }

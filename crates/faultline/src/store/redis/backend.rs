@@ -1,0 +1,200 @@
+//! The two ways to reach Redis: one server ([`Server`]) or a cluster
+//! ([`Cluster`]). A backend opens connections with response timeouts set,
+//! sends `WAIT` where the last write to a key went (on a cluster, the
+//! master of the key's slot, through the same per-node connection), and
+//! reads every node's `maxmemory-policy`. No locks.
+
+use ::redis::cluster::{ClusterClient, ClusterConnection};
+use ::redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use ::redis::{ConnectionLike, RedisResult, Value};
+use std::time::Duration;
+
+use crate::store::StoreError;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// How a [`super::RedisStore`] reaches Redis (sealed: [`Server`] or
+/// [`Cluster`]).
+pub trait Backend: sealed::Sealed + Send + Sync + 'static {
+    /// A connection.
+    #[doc(hidden)]
+    type Conn: Send;
+    /// The store's name.
+    #[doc(hidden)]
+    const NAME: &'static str;
+    /// Replicas each write waits for unless the options say.
+    #[doc(hidden)]
+    const DEFAULT_REPLICAS: usize;
+    /// A new connection, timeouts set.
+    #[doc(hidden)]
+    fn connect(&self) -> RedisResult<Self::Conn>;
+    /// The connection as the `redis` crate's command target.
+    #[doc(hidden)]
+    fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike;
+    /// `WAIT replicas timeout_ms` after a write to `key`: replicas that
+    /// acknowledged.
+    #[doc(hidden)]
+    fn wait(
+        &self,
+        c: &mut Self::Conn,
+        key: &str,
+        replicas: usize,
+        timeout_ms: u64,
+    ) -> RedisResult<usize>;
+    /// Every node's `maxmemory-policy`.
+    #[doc(hidden)]
+    fn eviction_policies(&self, c: &mut Self::Conn) -> RedisResult<Vec<String>>;
+    /// Where it connects, for messages.
+    #[doc(hidden)]
+    fn describe(&self) -> String;
+}
+
+fn bad_url(e: ::redis::RedisError, what: &str) -> StoreError {
+    StoreError::Refused {
+        store: "redis",
+        reason: format!("{what}: {e}"),
+    }
+}
+
+/// Bulk strings anywhere in `v` (replies of `CONFIG GET` from one node or
+/// many), lower-cased.
+fn strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::BulkString(b) => out.push(String::from_utf8_lossy(b).to_lowercase()),
+        Value::SimpleString(s) => out.push(s.to_lowercase()),
+        Value::Array(a) | Value::Set(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Map(m) => m.iter().for_each(|(k, x)| {
+            strings(k, out);
+            strings(x, out);
+        }),
+        _ => {}
+    }
+}
+
+fn config_get_policy() -> ::redis::Cmd {
+    let mut c = ::redis::cmd("CONFIG");
+    c.arg("GET").arg("maxmemory-policy");
+    c
+}
+
+/// One Redis server.
+pub struct Server {
+    client: ::redis::Client,
+    timeout: Duration,
+}
+
+impl Server {
+    pub(super) fn new(url: &str, timeout: Duration) -> Result<Server, StoreError> {
+        let client = ::redis::Client::open(url).map_err(|e| bad_url(e, url))?;
+        Ok(Server { client, timeout })
+    }
+}
+
+impl sealed::Sealed for Server {}
+
+impl Backend for Server {
+    type Conn = ::redis::Connection;
+    const NAME: &'static str = "redis";
+    const DEFAULT_REPLICAS: usize = 0;
+
+    fn connect(&self) -> RedisResult<Self::Conn> {
+        let c = self.client.get_connection_with_timeout(self.timeout)?;
+        c.set_read_timeout(Some(self.timeout))?;
+        c.set_write_timeout(Some(self.timeout))?;
+        Ok(c)
+    }
+
+    fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike {
+        c
+    }
+
+    fn wait(
+        &self,
+        c: &mut Self::Conn,
+        _key: &str,
+        replicas: usize,
+        timeout_ms: u64,
+    ) -> RedisResult<usize> {
+        ::redis::cmd("WAIT").arg(replicas).arg(timeout_ms).query(c)
+    }
+
+    fn eviction_policies(&self, c: &mut Self::Conn) -> RedisResult<Vec<String>> {
+        let v: Value = config_get_policy().query(c)?;
+        let mut out = Vec::new();
+        strings(&v, &mut out);
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        format!("redis server {}", self.client.get_connection_info().addr())
+    }
+}
+
+/// A Redis Cluster.
+pub struct Cluster {
+    client: ClusterClient,
+    nodes: Vec<String>,
+}
+
+impl Cluster {
+    pub(super) fn new(nodes: &[&str], timeout: Duration) -> Result<Cluster, StoreError> {
+        let client = ClusterClient::builder(nodes.iter().copied())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(|e| bad_url(e, &nodes.join(",")))?;
+        Ok(Cluster {
+            client,
+            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+}
+
+impl sealed::Sealed for Cluster {}
+
+impl Backend for Cluster {
+    type Conn = ClusterConnection;
+    const NAME: &'static str = "redis-cluster";
+    const DEFAULT_REPLICAS: usize = 1;
+
+    fn connect(&self) -> RedisResult<Self::Conn> {
+        self.client.get_connection()
+    }
+
+    fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike {
+        c
+    }
+
+    fn wait(
+        &self,
+        c: &mut Self::Conn,
+        key: &str,
+        replicas: usize,
+        timeout_ms: u64,
+    ) -> RedisResult<usize> {
+        let mut cmd = ::redis::cmd("WAIT");
+        cmd.arg(replicas).arg(timeout_ms);
+        let route = Route::with_key(key, SlotAddr::Master);
+        let v = c.route_command(
+            &cmd,
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+        )?;
+        Ok(::redis::from_redis_value(v)?)
+    }
+
+    fn eviction_policies(&self, c: &mut Self::Conn) -> RedisResult<Vec<String>> {
+        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+        let v = c.route_command(&config_get_policy(), routing)?;
+        let mut out = Vec::new();
+        strings(&v, &mut out);
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        format!("redis cluster {}", self.nodes.join(","))
+    }
+}

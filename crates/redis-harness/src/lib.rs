@@ -1,0 +1,250 @@
+//! Real Redis for faultline's tests and benchmarks: a [`Server`] is one
+//! `redis-server` process on a free 127.0.0.1 port (`--save ''
+//! --appendonly no`, its own scratch directory), a [`Cluster`] is
+//! `masters` of them plus `replicas` per master joined with `redis-cli
+//! --cluster create`. Both stop their processes and remove their
+//! directories on drop, so tests running in parallel share nothing.
+//!
+//! A missing `redis-server` is an error that says so ([`HarnessError::
+//! Missing`]): a test that needs Redis fails with that reason, it never
+//! passes silently.
+//!
+//! Ports: the kernel picks a free port (a bound-then-closed listener); the
+//! server is then started on it and, if another process took it meanwhile,
+//! started again on another. A cluster node also needs `port + 10000` (its
+//! bus port) free, so cluster ports are drawn below 55536.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Why a server or cluster could not be started or driven.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// A program the harness runs is not installed.
+    #[error(
+        "this needs `{0}` (Debian: apt-get install -y redis-server), and it was not found on PATH"
+    )]
+    Missing(&'static str),
+    /// An I/O error starting or talking to a process.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server or cluster did not reach the expected state in time.
+    #[error("{0}")]
+    NotReady(String),
+    /// A Redis command failed.
+    #[error("{what}: {source}")]
+    Redis {
+        /// The command.
+        what: String,
+        /// The cause.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
+    let what = what.into();
+    move |source| HarnessError::Io { what, source }
+}
+
+/// How long a server has to answer `PING` after it starts.
+const START_WAIT: Duration = Duration::from_secs(10);
+
+/// One `redis-server` process on 127.0.0.1, killed on drop.
+#[derive(Debug)]
+pub struct Server {
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A port the kernel says is free now; with `bus`, `port + 10000` is too.
+fn free_port(bus: bool) -> Result<u16, HarnessError> {
+    for _ in 0..200 {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(io("binding a probe listener"))?;
+        let port = l.local_addr().map_err(io("probe listener address"))?.port();
+        if !bus {
+            return Ok(port);
+        }
+        if port < 55536 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(HarnessError::NotReady("no free port pair found".into()))
+}
+
+impl Server {
+    /// Starts a plain server (no persistence) on a free port.
+    ///
+    /// # Errors
+    /// [`HarnessError::Missing`] without `redis-server`; the others if it
+    /// does not start.
+    pub fn start() -> Result<Server, HarnessError> {
+        Server::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g.
+    /// `["--maxmemory-policy", "allkeys-lru"]`).
+    ///
+    /// # Errors
+    /// As [`Server::start`].
+    pub fn start_with(extra: &[&str]) -> Result<Server, HarnessError> {
+        Server::launch(extra.iter().map(|s| s.to_string()).collect(), false)
+    }
+
+    fn launch(extra: Vec<String>, bus: bool) -> Result<Server, HarnessError> {
+        let dir = std::env::temp_dir().join(format!(
+            "faultline-redis-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let mut last = None;
+        for _ in 0..5 {
+            let mut s = Server {
+                port: free_port(bus)?,
+                dir: dir.clone(),
+                extra: extra.clone(),
+                child: None,
+            };
+            match s.spawn() {
+                Ok(()) => return Ok(s),
+                Err(e @ HarnessError::Missing(_)) => return Err(e),
+                Err(e) => last = Some(e), // the port was taken meanwhile
+            }
+        }
+        Err(last.unwrap_or_else(|| HarnessError::NotReady("redis-server did not start".into())))
+    }
+
+    fn spawn(&mut self) -> Result<(), HarnessError> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => HarnessError::Missing("redis-server"),
+                _ => HarnessError::Io {
+                    what: "starting redis-server".into(),
+                    source: e,
+                },
+            })?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), HarnessError> {
+        let t = Instant::now();
+        while t.elapsed() < START_WAIT {
+            if self.ping().is_ok() {
+                return Ok(());
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.child = None;
+                    return Err(HarnessError::NotReady(format!(
+                        "redis-server on port {} exited at start: {status}",
+                        self.port
+                    )));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(HarnessError::NotReady(format!(
+            "redis-server on port {} did not answer PING within {START_WAIT:?}",
+            self.port
+        )))
+    }
+
+    /// `PING`s the server.
+    ///
+    /// # Errors
+    /// The connection's or the command's.
+    pub fn ping(&self) -> Result<(), HarnessError> {
+        let mut c = self.connection()?;
+        redis::cmd("PING")
+            .query::<String>(&mut c)
+            .map(drop)
+            .map_err(|source| HarnessError::Redis {
+                what: format!("PING 127.0.0.1:{}", self.port),
+                source,
+            })
+    }
+
+    /// A fresh connection to the server (1 s connect timeout).
+    ///
+    /// # Errors
+    /// If the server does not accept it.
+    pub fn connection(&self) -> Result<redis::Connection, HarnessError> {
+        let redis_err = |source| HarnessError::Redis {
+            what: format!("connecting to {}", self.url()),
+            source,
+        };
+        redis::Client::open(self.url())
+            .map_err(redis_err)?
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .map_err(redis_err)
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Whether the process is running (not killed by [`Server::kill`]).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the process (`SIGKILL`) and reaps it; the port is free after.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the process again on the same port and directory (with no
+    /// persistence it comes back empty, unless it is a cluster node, which
+    /// keeps its `nodes.conf` and rejoins as a replica of whoever took over).
+    ///
+    /// # Errors
+    /// As [`Server::start`] (the port may have been taken meanwhile).
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.kill();
+        self.spawn()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+mod cluster;
+
+pub use cluster::Cluster;
