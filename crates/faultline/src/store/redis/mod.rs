@@ -27,7 +27,10 @@
 //!   until [`RedisOptions::retry_for`] has passed, then returned as
 //!   [`StoreError::Remote`]: the faulting thread gets SIGBUS with that cause,
 //!   a page being written back stays parked and is written on a later pass.
-//!   Every command has a response timeout: nothing waits forever.
+//!   A call that used up its retries marks the store down: until a call
+//!   succeeds again, each call makes one attempt (a flush of many dirty
+//!   pages to a dead server fails in one timeout per page, not `retry_for`
+//!   per page). Every command has a response timeout: nothing waits forever.
 //!
 //! Locks: the connection pool's mutex, held only to take or return a
 //! connection (never across a command).
@@ -38,6 +41,7 @@ pub use backend::{Backend, Cluster, Server};
 
 use super::{Store, StoreError};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How a Redis store connects and pages.
@@ -108,6 +112,9 @@ pub struct RedisStore<B: Backend> {
     replicas: usize,
     pool: Mutex<Vec<B::Conn>>,
     identity: u64,
+    /// Set when a call used up its retries, cleared by a success: only a
+    /// hint for how long to retry (Relaxed; no data is published by it).
+    down: AtomicBool,
 }
 
 /// Pages on one Redis server.
@@ -194,6 +201,7 @@ impl<B: Backend> RedisStore<B> {
             opts,
             pool: Mutex::new(Vec::new()),
             identity,
+            down: AtomicBool::new(false),
         };
         let policies = s.call("connect", 0, |b, c| Ok(b.eviction_policies(c)?))?;
         if let Some(p) = policies.iter().find(|p| p.starts_with("allkeys")) {
@@ -217,7 +225,12 @@ impl<B: Backend> RedisStore<B> {
         page: u64,
         mut f: impl FnMut(&B, &mut B::Conn) -> Result<T, Failure>,
     ) -> Result<T, StoreError> {
-        let deadline = Instant::now() + self.opts.retry_for;
+        let retry_for = if self.down.load(Ordering::Relaxed) {
+            Duration::ZERO
+        } else {
+            self.opts.retry_for
+        };
+        let deadline = Instant::now() + retry_for;
         loop {
             let conn = self.pool.lock().pop();
             let got = match conn {
@@ -227,6 +240,7 @@ impl<B: Backend> RedisStore<B> {
             let failure = match got {
                 Ok(mut c) => match f(&self.backend, &mut c) {
                     Ok(v) => {
+                        self.down.store(false, Ordering::Relaxed);
                         let mut pool = self.pool.lock();
                         if pool.len() < POOL_MAX {
                             pool.push(c);
@@ -238,6 +252,9 @@ impl<B: Backend> RedisStore<B> {
                 Err(e) => e,
             };
             if !failure.retry || Instant::now() + RETRY_PAUSE > deadline {
+                if failure.retry {
+                    self.down.store(true, Ordering::Relaxed);
+                }
                 return Err(remote(op, page, failure.error));
             }
             std::thread::sleep(RETRY_PAUSE);
