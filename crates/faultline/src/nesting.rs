@@ -47,6 +47,8 @@ pub(crate) struct Nesting {
     serving: AtomicUsize,
     /// Store-backed faults finished so far.
     busy_exits: AtomicU64,
+    /// Store calls made under a fault lock that have ended, either way.
+    calls_ended: AtomicU64,
     /// Wakes the standby when every worker is busy, or at shutdown.
     standby_cv: Condvar,
     /// The standby's condvar mutex (guards nothing but the wait).
@@ -62,6 +64,7 @@ impl Nesting {
             busy: AtomicUsize::new(0),
             serving: AtomicUsize::new(0),
             busy_exits: AtomicU64::new(0),
+            calls_ended: AtomicU64::new(0),
             standby_cv: Condvar::new(),
             standby_mx: Mutex::new(()),
         }
@@ -128,6 +131,17 @@ impl Nesting {
 
     /// Store-backed faults being served now, the standby's included (a
     /// hint).
+    /// Store calls made under a fault lock (fills, write-backs): in flight
+    /// now, and ended so far. A fault waiting for a frame takes either as
+    /// progress: a slow or failing store (a server failing over) is not a
+    /// stuck manager. Relaxed: counters compared with themselves.
+    pub(crate) fn store_calls(&self) -> (usize, u64) {
+        (
+            self.lending.load(Ordering::Relaxed),
+            self.calls_ended.load(Ordering::Relaxed),
+        )
+    }
+
     pub(crate) fn serving(&self) -> usize {
         self.serving.load(Ordering::Relaxed)
     }
@@ -189,6 +203,7 @@ impl Drop for Lend<'_> {
             // SeqCst: see `Nesting::lend`.
             self.nesting.lending.fetch_sub(1, Ordering::SeqCst);
         }
+        self.nesting.calls_ended.fetch_add(1, Ordering::Relaxed);
     }
 }
 

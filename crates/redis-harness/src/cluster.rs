@@ -122,19 +122,24 @@ impl Cluster {
         Err(last.unwrap_or_else(|| HarnessError::NotReady("no node is running".into())))
     }
 
-    /// Whether every running node says `cluster_state:ok`, the masters are
-    /// `masters` live nodes and each has `replicas` live replicas.
+    /// Whether every running node says `cluster_state:ok` and, if it is a
+    /// replica, that its link to its master is up (a replica that has not
+    /// finished its first sync would never be promoted: its data is too
+    /// old), and the masters are `masters` live nodes.
     fn healthy(&self) -> bool {
+        let info = |n: &Server, what: &[&str]| {
+            n.connection().ok().and_then(|mut c| {
+                redis::cmd(what[0])
+                    .arg(&what[1..])
+                    .query::<String>(&mut c)
+                    .ok()
+            })
+        };
         let states_ok = self.nodes.iter().filter(|n| n.running()).all(|n| {
-            n.connection()
-                .ok()
-                .and_then(|mut c| {
-                    redis::cmd("CLUSTER")
-                        .arg("INFO")
-                        .query::<String>(&mut c)
-                        .ok()
+            info(n, &["CLUSTER", "INFO"]).is_some_and(|s| s.contains("cluster_state:ok"))
+                && info(n, &["INFO", "replication"]).is_some_and(|s| {
+                    s.contains("role:master") || s.contains("master_link_status:up")
                 })
-                .is_some_and(|s| s.contains("cluster_state:ok"))
         });
         let Ok(lines) = self.node_lines() else {
             return false;

@@ -63,9 +63,12 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
     // faulting, they take turns). Wait rather than fail the fault: while
     // other faults are being served the wait goes on (up to
     // `WAIT_SERVED`); after `WAIT_STUCK` without any, the fault is
-    // refused (SIGBUS, cause queued).
+    // refused (SIGBUS, cause queued). Store calls count as progress too
+    // (in flight, or ended either way): a slow store, or one failing
+    // while a server restarts or fails over, keeps write-backs and fills
+    // going, and the fault waits for them up to `WAIT_SERVED`.
     let start = std::time::Instant::now();
-    let (mut seen, mut since) = (faults_served(core), start);
+    let (mut seen, mut since) = (faults_served(core) + core.nesting.store_calls().1, start);
     while since.elapsed() < WAIT_STUCK
         && start.elapsed() < WAIT_SERVED
         && !nothing_to_wait_for(core)
@@ -76,8 +79,9 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
             Stats::bump(&core.stats.reclaim_waits);
             return Some(f);
         }
-        let now = faults_served(core);
-        if now != seen {
+        let (in_flight, ended) = core.nesting.store_calls();
+        let now = faults_served(core) + ended;
+        if now != seen || in_flight > 0 {
             (seen, since) = (now, std::time::Instant::now());
         }
     }
