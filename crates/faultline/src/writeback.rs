@@ -16,9 +16,9 @@ use crate::error::FaultError;
 use crate::frame::Frame;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
-use crate::stats::Stats;
 use crate::store::StoreError;
 use faultline_sys::SysError;
+use std::sync::atomic::Ordering;
 
 /// Writes every dirty page of `r` back. A resident page is written from
 /// its frame: parked first (moved out of the region, so no thread can write
@@ -101,21 +101,41 @@ pub(crate) fn put(
     page: usize,
     bytes: &[u8],
 ) -> Result<(), StoreError> {
+    put_run(core, r, page, &[bytes])
+}
+
+/// [`put`] for the consecutive pages from `first` (`bytes[i]` is page
+/// `first + i`'s content), their locks held: the dirty ones go to the
+/// store in one call ([`crate::store::Store::write_pages`]: one round trip
+/// to a remote store). On success all are clean; on an error none is
+/// marked clean, so all are written again later.
+pub(crate) fn put_run(
+    core: &Core,
+    r: &RegionInner,
+    first: usize,
+    bytes: &[&[u8]],
+) -> Result<(), StoreError> {
     let stats = &core.stats;
-    let fp = crate::dirty::fingerprint(bytes);
-    if r.fingerprint(page) == Some(fp) {
-        Stats::bump(&stats.clean_skipped);
-        return Ok(());
-    }
-    {
+    let fps: Vec<u128> = bytes.iter().map(|b| crate::dirty::fingerprint(b)).collect();
+    let dirty: Vec<(u64, &[u8])> = (0..bytes.len())
+        .filter(|&i| r.fingerprint(first + i) != Some(fps[i]))
+        .map(|i| ((first + i) as u64, bytes[i]))
+        .collect();
+    let clean = (bytes.len() - dirty.len()) as u64;
+    stats.clean_skipped.fetch_add(clean, Ordering::Relaxed);
+    if !dirty.is_empty() {
         // The store may touch another region (`nesting.rs`).
-        let _lend = core.nesting.lend(r.id, page..page + 1);
+        let _lend = core.nesting.lend(r.id, first..first + bytes.len());
         let t0 = std::time::Instant::now();
-        r.store.write(page as u64, bytes)?;
+        r.store.write_pages(&dirty)?;
         stats.store_writes.record(t0.elapsed().as_nanos() as u64);
     }
-    r.set_fingerprint(page, fp);
-    Stats::bump(&stats.written_back);
+    for (i, &fp) in fps.iter().enumerate() {
+        r.set_fingerprint(first + i, fp);
+    }
+    stats
+        .written_back
+        .fetch_add(dirty.len() as u64, Ordering::Relaxed);
     Ok(())
 }
 

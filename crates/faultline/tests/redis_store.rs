@@ -70,6 +70,15 @@ fn pages_round_trip_through_redis_under_a_small_budget() {
     for p in (0..pages).rev() {
         assert_eq!(get(&r, p), word(p, 1), "page {p} after eviction to Redis");
     }
+    let st = mm.stats();
+    // Eviction writes runs of pages with one call (one round trip): a
+    // sequential writer's pages leave in runs.
+    println!(
+        "{} pages written back in {} store calls",
+        st.written_back, st.store_writes.count
+    );
+    assert!(st.written_back as usize >= pages / 2, "{st}");
+    assert!(st.store_writes.count * 8 < st.written_back, "{st}");
     r.flush().expect("flush");
     assert!(mm.stats().written_back as usize >= pages - 4 * MIB / PAGE);
     drop(r);

@@ -9,7 +9,9 @@
 //! it is *evicted* — written back if its store is writable and the page is
 //! dirty (its bytes differ from the store's copy: [`crate::dirty`]), then
 //! its frame freed. A page's frame is freed only after its data is safe in the store;
-//! if the write fails the page stays parked and the error is queued.
+//! if the write fails the page stays parked and the error is queued. Runs
+//! of consecutive pages are parked with one move and evicted with one store
+//! call (`runs.rs`).
 //!
 //! Only pages in pool 0 (the budget) are reclaimed; pages migrated to
 //! another pool stay there until migrated back or unmapped.
@@ -30,7 +32,6 @@
 //! mutex is a leaf held only to read and store the hand.
 
 use crate::budget;
-use crate::config::PageSize;
 use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
@@ -45,6 +46,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod faulting;
+mod runs;
+
+use runs::{evict_run, park_run};
+
+/// Longest run of pages parked with one move, or written back with one
+/// store call.
+const RUN_MAX: usize = 64;
 
 pub(crate) use faulting::alloc;
 
@@ -264,7 +272,12 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
             }
         };
         let run = park_run(core, r, page, idx, held);
+        let (run, run_freed) = match run {
+            0 => evict_run(core, r, page, idx, held, &mut evicted),
+            n => (n, 0),
+        };
         if run > 0 {
+            freed += run_freed;
             steps += run - 1;
             page += run;
             continue;
@@ -277,55 +290,6 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
     h.region_start = regions.get(ri).map_or(0, |r| r.start());
     h.page = page;
     freed
-}
-
-/// Longest run of resident pages parked with one move.
-const RUN_MAX: usize = 64;
-
-/// Parks the run of resident 4 KiB pages from `page` whose frames are
-/// consecutive (a read-ahead or fault-around run) with one `UFFDIO_MOVE`:
-/// one TLB flush for the run instead of one per page — on this VM a flush
-/// that reaches another CPU costs an IPI (~25 µs). The caller holds lock
-/// `idx` (of `page`) or has it as `held`; the other pages' locks are only
-/// tried. Returns the pages the hand passed (0: not a run, step the page
-/// alone).
-fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<usize>) -> usize {
-    if r.page_size != PageSize::Base4K || r.dying() {
-        return 0;
-    }
-    let PageState::Resident(f) = r.state(page) else {
-        return 0;
-    };
-    if core.alloc.pool_of(f) != 0 {
-        return 0;
-    }
-    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
-    let mut guards = Vec::new();
-    let n = r.lock_run(&core.locks, page, RUN_MAX, &mut mine, &mut guards, |p| {
-        let fp = f + (p - page) as u32;
-        r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0 && !r.pins.contains(p)
-    });
-    if n < 2 {
-        return 0;
-    }
-    let slot = core.pool.slot_addr(f);
-    let addr = r.page_addr(page);
-    // SAFETY: the pages are resident under their locks (held), their frames'
-    // slots are the holes they left, and faultline holds no reference into
-    // either range.
-    let moved = unsafe { pagemove::move_out(core, slot, addr, n * PAGE_SIZE) };
-    if moved.is_err() {
-        // Nothing moved (or the run is left split): step the pages one by
-        // one, which gathers whatever is where.
-        return 0;
-    }
-    for i in 0..n {
-        r.set_state(page + i, PageState::Parked(f + i as u32));
-    }
-    core.stats
-        .parked
-        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-    n
 }
 
 /// One page under the hand; the caller holds its fault lock. Returns pages

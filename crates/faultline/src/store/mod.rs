@@ -151,6 +151,20 @@ pub trait Store: Send + Sync + Debug {
     /// returned by the flush (or queued, for eviction and drop).
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError>;
 
+    /// Stores several pages in one call (each page's index and its bytes,
+    /// one page each, ascending): the write-back of a run of evicted pages.
+    /// The default writes them one by one; a remote store sends them in
+    /// one round trip.
+    ///
+    /// # Errors
+    /// Any [`StoreError`]: none of the pages counts as written (all stay
+    /// dirty and are written again later, so a store may have taken some).
+    fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        pages
+            .iter()
+            .try_for_each(|&(page, buf)| self.write(page, buf))
+    }
+
     /// Drops the store's copy of pages `[first, first + pages)` (of
     /// `page_size` bytes): they read as zeros afterwards
     /// ([`crate::Discard::Zero`]). The default writes zero pages; a store
@@ -296,6 +310,10 @@ impl Store for Guarded {
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         self.call("write", page, || self.0.write(page, buf))
     }
+    fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        let first = pages.first().map_or(0, |p| p.0);
+        self.call("write", first, || self.0.write_pages(pages))
+    }
     fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {
         self.call("discard", first, || self.0.discard(first, pages, page_size))
     }
@@ -352,6 +370,10 @@ impl<S: Store> Store for Delayed<S> {
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         self.inner.write(page, buf)
+    }
+
+    fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        self.inner.write_pages(pages)
     }
 
     fn discard(&self, first: u64, pages: u64, page_size: usize) -> Result<(), StoreError> {

@@ -1,8 +1,6 @@
 //! The two ways to reach Redis: one server ([`Server`]) or a cluster
-//! ([`Cluster`]). A backend opens connections with response timeouts set,
-//! sends `WAIT` where the last write to a key went (on a cluster, the
-//! master of the key's slot, through the same per-node connection), and
-//! reads every node's `maxmemory-policy`. No locks.
+//! ([`Cluster`]). A backend opens connections with response timeouts set
+//! and reads every node's `maxmemory-policy`. No locks.
 
 use ::redis::cluster::{ClusterClient, ClusterConnection};
 use ::redis::cluster_routing::{
@@ -35,12 +33,13 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// The connection as the `redis` crate's command target.
     #[doc(hidden)]
     fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike;
-    /// `WAIT replicas timeout_ms` after a write to `key`: replicas that
-    /// acknowledged.
+    /// Sends `cmd` (a write to keys of one hash slot, `key` one of them),
+    /// then `WAIT replicas timeout_ms` on the connection that carried it if
+    /// `replicas > 0`: the replicas that acknowledged (`replicas` when 0).
     #[doc(hidden)]
-    fn wait(
-        &self,
+    fn write(
         c: &mut Self::Conn,
+        cmd: &::redis::Cmd,
         key: &str,
         replicas: usize,
         timeout_ms: u64,
@@ -112,14 +111,23 @@ impl Backend for Server {
         c
     }
 
-    fn wait(
-        &self,
+    /// The write and its `WAIT` pipelined: one round trip.
+    fn write(
         c: &mut Self::Conn,
+        cmd: &::redis::Cmd,
         _key: &str,
         replicas: usize,
         timeout_ms: u64,
     ) -> RedisResult<usize> {
-        ::redis::cmd("WAIT").arg(replicas).arg(timeout_ms).query(c)
+        if replicas == 0 {
+            cmd.exec(c)?;
+            return Ok(0);
+        }
+        let mut p = ::redis::pipe();
+        p.add_command(cmd.clone()).ignore();
+        p.cmd("WAIT").arg(replicas).arg(timeout_ms);
+        let (acked,): (usize,) = p.query(c)?;
+        Ok(acked)
     }
 
     fn eviction_policies(&self, c: &mut Self::Conn) -> RedisResult<Vec<String>> {
@@ -169,18 +177,25 @@ impl Backend for Cluster {
         c
     }
 
-    fn wait(
-        &self,
+    /// A cluster connection has no pipelines: the write (routed by its
+    /// keys' slot to its master), then `WAIT` routed to the same master,
+    /// over the same per-node connection — two round trips.
+    fn write(
         c: &mut Self::Conn,
+        cmd: &::redis::Cmd,
         key: &str,
         replicas: usize,
         timeout_ms: u64,
     ) -> RedisResult<usize> {
-        let mut cmd = ::redis::cmd("WAIT");
-        cmd.arg(replicas).arg(timeout_ms);
+        cmd.exec(c)?;
+        if replicas == 0 {
+            return Ok(0);
+        }
+        let mut wait = ::redis::cmd("WAIT");
+        wait.arg(replicas).arg(timeout_ms);
         let route = Route::with_key(key, SlotAddr::Master);
         let v = c.route_command(
-            &cmd,
+            &wait,
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
         )?;
         Ok(::redis::from_redis_value(v)?)

@@ -15,7 +15,9 @@
 //! Invariants (what makes the store safe to page to):
 //! - A key that does not exist reads as a page of zeros (a fresh region).
 //!   A value of any other length than the page is an error, never data.
-//! - `write` returns only after the server acknowledged the `SET` and, if
+//! - A write-back run is one `MSET` per window, with its `WAIT`: one round
+//!   trip on a server (pipelined), two on a cluster (see `backend.rs`).
+//! - `write` returns only after the server acknowledged the `MSET` and, if
 //!   [`RedisOptions::replicas`] > 0, after `WAIT` saw that many replicas
 //!   take it; until then the page stays dirty in its frame (write-back
 //!   keeps a page whose write fails, `writeback.rs`), so a frame is reused
@@ -313,19 +315,12 @@ impl<B: Backend> RedisStore<B> {
         Ok(())
     }
 
-    /// `SET` of one page, then `WAIT` for the replicas the options ask.
-    fn set(&self, b: &B, c: &mut B::Conn, page: u64, bytes: &[u8]) -> Result<(), Failure> {
-        let key = self.opts.key(page);
-        ::redis::cmd("SET").arg(&key).arg(bytes).exec(B::like(c))?;
-        self.wait(b, c, &key)
-    }
-
-    fn wait(&self, b: &B, c: &mut B::Conn, key: &str) -> Result<(), Failure> {
-        if self.replicas == 0 {
-            return Ok(());
-        }
+    /// Sends `cmd` (a write to keys of one window: one hash slot; `key`
+    /// one of them) and, if the options ask for replicas, waits for them
+    /// (`WAIT`, on the connection that carried `cmd`: see `Backend::write`).
+    fn write_acked(&self, c: &mut B::Conn, cmd: &::redis::Cmd, key: &str) -> Result<(), Failure> {
         let timeout_ms = self.opts.timeout.as_millis() as u64;
-        let acked = b.wait(c, key, self.replicas, timeout_ms)?;
+        let acked = B::write(c, cmd, key, self.replicas, timeout_ms)?;
         if acked < self.replicas {
             return Err(Failure::from(::redis::RedisError::from((
                 ::redis::ErrorKind::Io,
@@ -362,7 +357,19 @@ impl<B: Backend> Store for RedisStore<B> {
     }
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
-        self.call("write", page, |b, c| self.set(b, c, page, buf))
+        self.write_pages(&[(page, buf)])
+    }
+
+    fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        for group in pages.chunk_by(|a, b| a.0 / self.opts.window == b.0 / self.opts.window) {
+            let mut mset = ::redis::cmd("MSET");
+            for &(page, bytes) in group {
+                mset.arg(self.opts.key(page)).arg(bytes);
+            }
+            let key = self.opts.key(group[0].0);
+            self.call("write", group[0].0, |_, c| self.write_acked(c, &mset, &key))?;
+        }
+        Ok(())
     }
 
     fn discard(&self, first: u64, pages: u64, _page_size: usize) -> Result<(), StoreError> {
@@ -371,10 +378,9 @@ impl<B: Backend> Store for RedisStore<B> {
             let keys: Vec<String> = (page..page + chunk as u64)
                 .map(|p| self.opts.key(p))
                 .collect();
-            self.call("discard", page, |b, c| {
-                ::redis::cmd("DEL").arg(&keys).exec(B::like(c))?;
-                self.wait(b, c, &keys[0])
-            })?;
+            let mut del = ::redis::cmd("DEL");
+            del.arg(&keys);
+            self.call("discard", page, |_, c| self.write_acked(c, &del, &keys[0]))?;
             page += chunk as u64;
         }
         Ok(())

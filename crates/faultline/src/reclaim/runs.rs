@@ -1,0 +1,148 @@
+//! Runs of pages handled with one call, for the clock hand (`clock_pass`
+//! in `mod.rs`): [`park_run`] moves a run of resident pages out of their
+//! region with one `UFFDIO_MOVE` (one TLB flush), and [`evict_run`] writes a
+//! run of parked pages back with one store call (one round trip to a remote
+//! store) and frees their frames.
+//!
+//! Invariant: a page is in a run only if its state satisfies the run's
+//! test under its own fault lock, held for the whole run; a failed move or
+//! write leaves every page of the run as it was (resident, or parked with
+//! its data).
+//!
+//! Locks: the caller's fault lock for the first page; the others' locks
+//! only tried (`RegionInner::lock_run`), never waited for.
+
+use super::RUN_MAX;
+use crate::config::PageSize;
+use crate::core::Core;
+use crate::error::FaultError;
+use crate::frame::Frame;
+use crate::pagemove;
+use crate::region::{PageState, RegionInner};
+use crate::writeback;
+use faultline_sys::PAGE_SIZE;
+use std::sync::atomic::Ordering;
+
+/// Parks the run of resident 4 KiB pages from `page` whose frames are
+/// consecutive (a read-ahead or fault-around run) with one `UFFDIO_MOVE`:
+/// one TLB flush for the run instead of one per page — on this VM a flush
+/// that reaches another CPU costs an IPI (~25 µs). The caller holds lock
+/// `idx` (of `page`) or has it as `held`; the other pages' locks are only
+/// tried. Returns the pages the hand passed (0: not a run, step the page
+/// alone).
+pub(super) fn park_run(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    idx: usize,
+    held: Option<usize>,
+) -> usize {
+    if r.page_size != PageSize::Base4K || r.dying() {
+        return 0;
+    }
+    let PageState::Resident(f) = r.state(page) else {
+        return 0;
+    };
+    if core.alloc.pool_of(f) != 0 {
+        return 0;
+    }
+    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
+    let mut guards = Vec::new();
+    let n = r.lock_run(&core.locks, page, RUN_MAX, &mut mine, &mut guards, |p| {
+        let fp = f + (p - page) as u32;
+        r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0 && !r.pins.contains(p)
+    });
+    if n < 2 {
+        return 0;
+    }
+    let slot = core.pool.slot_addr(f);
+    let addr = r.page_addr(page);
+    // SAFETY: the pages are resident under their locks (held), their frames'
+    // slots are the holes they left, and faultline holds no reference into
+    // either range.
+    let moved = unsafe { pagemove::move_out(core, slot, addr, n * PAGE_SIZE) };
+    if moved.is_err() {
+        // Nothing moved (or the run is left split): step the pages one by
+        // one, which gathers whatever is where.
+        return 0;
+    }
+    for i in 0..n {
+        r.set_state(page + i, PageState::Parked(f + i as u32));
+    }
+    core.stats
+        .parked
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    n
+}
+
+/// Evicts the run of parked 4 KiB pages of pool 0 from `page` (the next
+/// pass after [`park_run`] parked them): their dirty pages go to the store
+/// in one call (`writeback::put_run`: one round trip to a remote store, a
+/// pipeline of writes), then all leave their frames. Locks as
+/// [`park_run`]. Returns (pages passed, pages freed); passed 0: not a run,
+/// step the page alone. A failed write keeps every page of the run parked.
+pub(super) fn evict_run(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    idx: usize,
+    held: Option<usize>,
+    evicted: &mut Vec<Frame>,
+) -> (usize, usize) {
+    let parked_here = |p: usize| {
+        matches!(r.state(p), PageState::Parked(f) if core.alloc.pool_of(f) == 0)
+            && !r.pins.contains(p)
+    };
+    if r.page_size != PageSize::Base4K || r.dying() || !r.store.writable() || !parked_here(page) {
+        return (0, 0);
+    }
+    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
+    let mut guards = Vec::new();
+    let n = r.lock_run(
+        &core.locks,
+        page,
+        RUN_MAX,
+        &mut mine,
+        &mut guards,
+        parked_here,
+    );
+    if n < 2 {
+        return (0, 0);
+    }
+    // Every page of the run is parked (checked under its lock, held).
+    let frames: Option<Vec<Frame>> = (page..page + n)
+        .map(|p| match r.state(p) {
+            PageState::Parked(f) => Some(Frame::from_parts(f, 0)),
+            _ => None,
+        })
+        .collect();
+    let Some(mut frames) = frames else {
+        return (0, 0);
+    };
+    let written = {
+        // SAFETY: parked frames belong to their pages, whose locks we hold
+        // (`lock_run` re-checked each under its lock): nobody else reads or
+        // writes them, and they are populated. Each `&mut Frame` is
+        // distinct, so the slices do not alias.
+        let bytes: Vec<&[u8]> = frames
+            .iter_mut()
+            .map(|f| &*unsafe { core.pool.bytes_mut(f) })
+            .collect();
+        writeback::put_run(core, r, page, &bytes)
+    };
+    if let Err(e) = written {
+        // Keep the data: the pages stay parked, tried again next pass.
+        core.record(FaultError::Store {
+            addr: r.page_addr(page),
+            source: e,
+        });
+        return (n, 0);
+    }
+    for (i, frame) in frames.into_iter().enumerate() {
+        core.pool.set_zeroed(&frame, false);
+        r.set_state(page + i, PageState::Absent);
+        evicted.push(frame);
+    }
+    core.stats.evicted.fetch_add(n as u64, Ordering::Relaxed);
+    (n, n)
+}
