@@ -297,27 +297,6 @@ fn bad_inputs_are_errors() {
     );
 }
 
-/// Runs `scenario` in a child process (this test binary, re-executed) and
-/// returns the signal that ended it, if any.
-fn in_child(test: &str) -> Option<i32> {
-    use std::os::unix::process::ExitStatusExt;
-    let exe = std::env::current_exe().expect("current exe");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("FAULTLINE_CHILD", "1")
-        .output()
-        .expect("spawn child");
-    let status = out.status;
-    if status.signal().is_none() {
-        panic!(
-            "child exited normally ({status}); stdout: {} stderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    status.signal()
-}
-
 #[test]
 fn unservable_fault_raises_sigbus_not_a_hang() {
     if std::env::var_os("FAULTLINE_CHILD").is_some() {
@@ -336,7 +315,7 @@ fn unservable_fault_raises_sigbus_not_a_hang() {
         std::process::exit(0);
     }
     assert_eq!(
-        in_child("unservable_fault_raises_sigbus_not_a_hang"),
+        common::child_signal("unservable_fault_raises_sigbus_not_a_hang"),
         Some(libc::SIGBUS)
     );
 }

@@ -162,6 +162,30 @@ fn a_fault_on_a_dead_server_reports_the_cause() {
 }
 
 #[test]
+fn a_touch_on_a_dead_server_raises_sigbus() {
+    if common::in_child() {
+        let mut s = server();
+        let mm = manager(4 * MIB);
+        let r = mm
+            .map(
+                2 * MIB,
+                store(&s, "sigbus", Duration::from_millis(100)),
+                MapOptions::new(),
+            )
+            .expect("map");
+        s.kill();
+        // SAFETY: inside the region; this access is the one that must SIGBUS.
+        let v = unsafe { r.as_ptr().add(5 * PAGE).read_volatile() };
+        println!("touch returned {v}: no SIGBUS");
+        std::process::exit(0);
+    }
+    assert_eq!(
+        common::child_signal("a_touch_on_a_dead_server_raises_sigbus"),
+        Some(libc::SIGBUS)
+    );
+}
+
+#[test]
 fn a_fault_waits_for_a_server_that_comes_back() {
     let mut s = server();
     let mm = manager(4 * MIB);

@@ -122,6 +122,27 @@ pub fn run_in_child(name: &str, marker: &str) {
     );
 }
 
+/// Runs `scenario` in a child process (this test binary, re-executed) and
+/// returns the signal that ended it, if any.
+pub fn child_signal(test: &str) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let exe = std::env::current_exe().expect("current exe");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("FAULTLINE_CHILD", "1")
+        .output()
+        .expect("spawn child");
+    let status = out.status;
+    if status.signal().is_none() {
+        panic!(
+            "child exited normally ({status}); stdout: {} stderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    status.signal()
+}
+
 /// `MADV_DONTNEED` of the 4 KiB page at `addr`, as a program would.
 pub fn drop_page(addr: usize) {
     // SAFETY: one page of a live region; the caller holds no reference
