@@ -48,8 +48,6 @@ use std::time::Instant;
 mod faulting;
 mod runs;
 
-use runs::{evict_run, park_run};
-
 /// Longest run of pages parked with one move, or written back with one
 /// store call.
 const RUN_MAX: usize = 64;
@@ -271,11 +269,7 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
                 }
             }
         };
-        let run = park_run(core, r, page, idx, held);
-        let (run, run_freed) = match run {
-            0 => evict_run(core, r, page, idx, held, &mut evicted),
-            n => (n, 0),
-        };
+        let (run, run_freed) = runs::any_run(core, r, page, idx, held, &mut evicted);
         if run > 0 {
             freed += run_freed;
             steps += run - 1;

@@ -30,13 +30,24 @@ use std::sync::atomic::Ordering;
 /// `idx` (of `page`) or has it as `held`; the other pages' locks are only
 /// tried. Returns the pages the hand passed (0: not a run, step the page
 /// alone).
-pub(super) fn park_run(
+/// The run from `page`, if any: resident pages are parked together
+/// ([`park_run`]), parked ones evicted together ([`evict_run`]). Returns
+/// (pages passed, pages freed); passed 0: step the page alone.
+pub(super) fn any_run(
     core: &Core,
     r: &RegionInner,
     page: usize,
     idx: usize,
     held: Option<usize>,
-) -> usize {
+    evicted: &mut Vec<Frame>,
+) -> (usize, usize) {
+    match park_run(core, r, page, idx, held) {
+        0 => evict_run(core, r, page, idx, held, evicted),
+        n => (n, 0),
+    }
+}
+
+fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<usize>) -> usize {
     if r.page_size != PageSize::Base4K || r.dying() {
         return 0;
     }
@@ -81,7 +92,7 @@ pub(super) fn park_run(
 /// pipeline of writes), then all leave their frames. Locks as
 /// [`park_run`]. Returns (pages passed, pages freed); passed 0: not a run,
 /// step the page alone. A failed write keeps every page of the run parked.
-pub(super) fn evict_run(
+fn evict_run(
     core: &Core,
     r: &RegionInner,
     page: usize,
