@@ -1,6 +1,7 @@
 //! `faultline.Manager`: a faultline manager (frame pool under a budget,
 //! fault workers) and the regions it maps — over a file (`map_file`, modes
-//! `r`, `r+`, `w+` as `numpy.memmap`'s) or zeros (`map_zero`).
+//! `r`, `r+`, `w+` as `numpy.memmap`'s), zeros (`map_zero`), or pages kept
+//! in Redis or a Redis Cluster (`map_redis`: far memory).
 //!
 //! Each manager runs an error watcher thread: it takes the manager's fault
 //! errors as they are queued, keeps them for `errors()`, and publishes the
@@ -10,7 +11,7 @@
 
 use crate::region::{Mapped, PyRegion};
 use crate::{err, sigbus, size};
-use faultline::store::{File, FileOptions, Zero};
+use faultline::store::{File, FileOptions, Redis, RedisCluster, RedisOptions, Zero};
 use faultline::{MapOptions, PageSize};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
@@ -212,6 +213,61 @@ impl PyManager {
             .mm
             .map(span, Zero, MapOptions::new().page_size(page))
             .map_err(|e| err("cannot map zeros", e))?;
+        Ok(PyRegion::new(
+            slf.clone().unbind(),
+            Mapped::Rw(r),
+            length,
+            None,
+        ))
+    }
+
+    /// Maps `length` bytes whose pages live in Redis, one key per page
+    /// under `prefix` (missing keys read as zeros): `url` is one server's
+    /// (`"redis://127.0.0.1:6379/"`) or a list of a cluster's nodes. A
+    /// write-back counts once the server acknowledged it (on a cluster,
+    /// once `replicas` replicas have it, default 1); a fault waits up to
+    /// `retry_for` seconds for an unreachable server.
+    #[pyo3(signature = (url, length, prefix, page_size = None, retry_for = 5.0, replicas = None))]
+    fn map_redis(
+        slf: &Bound<'_, Self>,
+        url: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+        prefix: &str,
+        page_size: Option<&Bound<'_, PyAny>>,
+        retry_for: f64,
+        replicas: Option<usize>,
+    ) -> PyResult<PyRegion> {
+        let page = match page_size {
+            Some(p) => self::page_size(p)?,
+            None => PageSize::Base4K,
+        };
+        let length = size::from_py(length)?;
+        if length == 0 {
+            return Err(PyValueError::new_err("cannot map 0 bytes"));
+        }
+        if !(0.0..=86_400.0).contains(&retry_for) {
+            return Err(PyValueError::new_err("retry_for is seconds, 0 to 86400"));
+        }
+        let mut opts = RedisOptions::new(prefix).retry_for(Duration::from_secs_f64(retry_for));
+        if let Some(n) = replicas {
+            opts = opts.replicas(n);
+        }
+        let span = length.div_ceil(page.bytes()) * page.bytes();
+        let map = MapOptions::new().page_size(page);
+        let mm = &slf.get().mm;
+        let what = "cannot map a region over Redis";
+        let r = if let Ok(one) = url.extract::<String>() {
+            let store = Redis::connect(&one, opts).map_err(|e| err(what, e))?;
+            mm.map(span, store, map)
+        } else {
+            let nodes: Vec<String> = url.extract().map_err(|_| {
+                PyValueError::new_err("url is a redis:// URL or a list of a cluster's node URLs")
+            })?;
+            let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+            let store = RedisCluster::connect(&nodes, opts).map_err(|e| err(what, e))?;
+            mm.map(span, store, map)
+        };
+        let r = r.map_err(|e| err(what, e))?;
         Ok(PyRegion::new(
             slf.clone().unbind(),
             Mapped::Rw(r),

@@ -37,3 +37,40 @@ def thp_available():
         return "[never]" not in mode
     except OSError:
         return False
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A redis-server of this test's own on a free 127.0.0.1 port (no
+    persistence), stopped at the end. Fails, saying so, without
+    redis-server."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    if shutil.which("redis-server") is None:
+        pytest.fail("this test needs redis-server (apt-get install -y redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    break
+        except OSError:
+            pass
+        if time.time() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail(f"redis-server on port {port} did not start")
+        time.sleep(0.02)
+    yield f"redis://127.0.0.1:{port}/"
+    proc.kill()
+    proc.wait()

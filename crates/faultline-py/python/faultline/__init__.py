@@ -1,7 +1,9 @@
 """faultline from Python: NumPy arrays larger than memory.
 
 A ``Manager`` holds a frame pool under a memory budget and the threads that
-serve page faults (userfaultfd); ``mm.map_file(...)`` and ``mm.map_zero(...)``
+serve page faults (userfaultfd); ``mm.map_file(...)``, ``mm.map_zero(...)`` and
+``mm.map_redis(url or [cluster node urls], length, prefix=...)`` (pages kept
+in Redis: far memory)
 return a ``Region`` exporting the buffer protocol, so ``np.frombuffer(region,
 dtype)`` views its pages without a copy. ``open_array`` is the one-liner, like
 ``numpy.memmap``::
