@@ -152,6 +152,24 @@ int32_t fl_manager_stats(const struct fl_manager *mm, struct fl_stats *out);
 // `mm` is a live manager; `buf` points to `len` writable bytes.
 int32_t fl_manager_take_error(const struct fl_manager *mm, char *buf, size_t len);
 
+// Maps `len` bytes whose pages are kept in Redis, one key per page under
+// `prefix` (missing keys read as zeros). `urls` is one server's URL
+// (`"redis://127.0.0.1:6379/"`) or a Redis Cluster's node URLs separated
+// by commas. A page's write-back counts once the server acknowledged it
+// (on a cluster, once a replica has it too); a server whose
+// `maxmemory-policy` may evict keys is refused (EINVAL); a fault waits up
+// to 5 s for an unreachable server, then its thread gets SIGBUS with the
+// cause in `fl_manager_take_error`. NULL on failure (`fl_last_error()`).
+//
+// # Safety
+// `mm` is a live manager; `urls` and `prefix` are NUL-terminated strings;
+// `opts` is NULL or valid.
+struct fl_region *fl_map_redis(struct fl_manager *mm,
+                               const char *urls,
+                               const char *prefix,
+                               uint64_t len,
+                               const struct fl_map_options *opts);
+
 // 4 KiB pages, not pinned, anywhere.
 struct fl_map_options fl_map_options_default(void);
 

@@ -81,7 +81,7 @@ fn length(len: u64) -> Result<usize, Failure> {
 }
 
 /// Maps and boxes a region over `store`, read-only if it cannot keep writes.
-fn map_store(
+pub(crate) fn map_store(
     mm: *mut fl_manager,
     store: impl Store + 'static,
     len: u64,
