@@ -1,13 +1,16 @@
 //! `faultline demo`: faultline's main job on built-in defaults. Maps regions
 //! larger than what it touches, touches them from 2 threads (writing a
 //! pattern, then reading it back to check); then runs an out-of-core job: a
-//! dataset file 4x the budget under random reads and writes, every written
-//! page verified after evictions; prints throughput and stats.
+//! dataset 4x the budget under random reads and writes, every written page
+//! verified after evictions; prints throughput and stats. The dataset is a
+//! file (`--store file`, the default) or pages in Redis (`--store
+//! redis://host:port/`, or a Redis Cluster's node URLs comma-separated).
 
 use crate::bench::{progress, rng};
 use anyhow::bail;
-use faultline::store::{FileOptions, Zero};
-use faultline::{Manager, MapOptions, PageSize};
+use faultline::store::{File, FileOptions, Redis, RedisCluster, RedisOptions, Zero};
+use faultline::{Manager, MapOptions, PageSize, Store};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -21,6 +24,12 @@ pub struct DemoOpts {
     /// Seconds of the out-of-core workload.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
+    /// Where the out-of-core job's dataset lives: `file` (a file under
+    /// /var/tmp, or $FAULTLINE_DEMO_DIR), `redis://host:port/` (one Redis
+    /// server), or several `redis://` URLs comma-separated (a Redis
+    /// Cluster's nodes).
+    #[arg(long, default_value = "file")]
+    pub store: String,
     /// Where to draw the out-of-core job's ops/s over time (default:
     /// `/tmp/faultline-demo-<pid>.png`).
     #[arg(long)]
@@ -156,23 +165,9 @@ pub fn run(opts: &DemoOpts) -> anyhow::Result<()> {
 /// quarter second).
 fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<Vec<(f64, f64)>> {
     let len = 4 * budget;
-    let dir = std::env::var_os("FAULTLINE_DEMO_DIR")
-        .map_or_else(|| std::path::PathBuf::from("/var/tmp"), Into::into);
-    let path = dir.join(format!("faultline-demo-{}.dat", std::process::id()));
-    {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
-        let chunk = vec![0u8; 1 << 20];
-        for _ in 0..len >> 20 {
-            std::io::Write::write_all(&mut f, &chunk)?;
-        }
-        std::io::Write::flush(&mut f)?;
-    }
+    let (store, path) = dataset(&opts.store, len)?;
     let result = (|| -> anyhow::Result<Vec<(f64, f64)>> {
-        let region = mm.map(
-            len,
-            faultline::store::File::open(&path, FileOptions::new().writable(true))?,
-            MapOptions::new(),
-        )?;
+        let region = mm.map_shared(len, store, MapOptions::new())?;
         let pages = len / 4096;
         let base = region.addr();
         let secs = opts.seconds;
@@ -251,10 +246,15 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<V
             }
         }
         region.flush()?;
+        if path.is_none() {
+            // The demo's own prefix: leave nothing behind in Redis.
+            region.discard(0..len, faultline::Discard::Zero)?;
+        }
         println!(
-            "out-of-core: dataset {} MiB through a {} MiB budget, {} threads, {:.1} s: {:.0} ops/s (4 KiB, 25% writes); \
+            "out-of-core: dataset {} MiB ({}) through a {} MiB budget, {} threads, {:.1} s: {:.0} ops/s (4 KiB, 25% writes); \
              {} faults, {} evictions, {} write-backs ({} evicted pages were clean, not written); resident {} MiB; every written page verified",
             len >> 20,
+            opts.store,
             budget >> 20,
             opts.threads,
             elapsed,
@@ -267,6 +267,41 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<V
         );
         Ok(timeline)
     })();
-    let _ = std::fs::remove_file(&path);
+    if let Some(path) = path {
+        let _ = std::fs::remove_file(path);
+    }
     result
+}
+
+/// The out-of-core job's store: a file of `len` zero bytes (and its path,
+/// to remove), or Redis under a prefix of this process's own.
+fn dataset(
+    store: &str,
+    len: usize,
+) -> anyhow::Result<(Arc<dyn Store>, Option<std::path::PathBuf>)> {
+    if store.starts_with("redis://") {
+        let opts = RedisOptions::new(format!("faultline-demo-{}", std::process::id()));
+        let nodes: Vec<&str> = store.split(',').map(str::trim).collect();
+        let s: Arc<dyn Store> = match nodes.as_slice() {
+            [one] => Arc::new(Redis::connect(one, opts)?),
+            many => Arc::new(RedisCluster::connect(many, opts)?),
+        };
+        return Ok((s, None));
+    }
+    if store != "file" {
+        bail!("--store is `file` or redis:// URL(s), not {store:?}");
+    }
+    let dir = std::env::var_os("FAULTLINE_DEMO_DIR")
+        .map_or_else(|| std::path::PathBuf::from("/var/tmp"), Into::into);
+    let path = dir.join(format!("faultline-demo-{}.dat", std::process::id()));
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        let chunk = vec![0u8; 1 << 20];
+        for _ in 0..len >> 20 {
+            std::io::Write::write_all(&mut f, &chunk)?;
+        }
+        std::io::Write::flush(&mut f)?;
+    }
+    let file = File::open(&path, FileOptions::new().writable(true))?;
+    Ok((Arc::new(file), Some(path)))
 }

@@ -43,7 +43,7 @@ enum Cmd {
     Stat(stat::StatOpts),
     /// Draw the figure of a saved `faultline bench <name> --json` report.
     Plot(plot::PlotOpts),
-    /// One side of `bench out-of-core`, run inside a memory cgroup.
+    /// One side of `bench out-of-core` or `bench far-memory`, run inside a memory cgroup.
     #[command(hide = true)]
     OocChild(bench::out_of_core::ChildArgs),
 }
@@ -62,6 +62,8 @@ enum Which {
     Lookup(bench::BenchOpts),
     /// A file 4x the memory limit (or --data-mib), random and sequential reads and writes: faultline vs kernel mmap (unhinted and hinted) and the device's O_DIRECT limit.
     OutOfCore(bench::out_of_core::OocOpts),
+    /// Far memory: a set 4x the budget over Redis, a Redis Cluster and a local file vs the kernel swapping to zram and to a swap file, and the raw Redis round trip.
+    FarMemory(bench::far_memory::FarOpts),
     /// Migration between pools: 1 x 4 KiB, 512 x 4 KiB, 1 x 2 MiB; 1..N threads; per-page vs chunked copy; memcpy reference.
     Migrate(bench::BenchOpts),
 }
@@ -89,6 +91,7 @@ fn main() -> anyhow::Result<()> {
                 Which::Lookup(o) => (bench::lookup::run(&o)?, o.json),
                 Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.common.json),
                 Which::Migrate(o) => (bench::migrate::run(&o)?, o.json),
+                Which::FarMemory(o) => (bench::far_memory::run(&o)?, o.common.json),
             };
             report.print(json)?;
             if let Some(file) = plot {

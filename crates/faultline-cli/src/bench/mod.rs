@@ -2,7 +2,9 @@
 //! real fault path with its baseline chosen through `Config`, in one run.
 
 pub mod alloc;
+mod cgroup;
 pub mod clear_order;
+pub mod far_memory;
 pub mod fault;
 pub mod lookup;
 pub mod migrate;

@@ -1,13 +1,17 @@
-//! The child side of `bench out-of-core` (`faultline ooc-child`, hidden):
-//! waits for the parent to move it into the cgroup, maps the file (the
-//! kernel's `mmap`, with the row's `madvise` hint, or a faultline region),
-//! runs the pattern, and prints one JSON line: ops/s and its peak RSS
-//! (`VmHWM`).
+//! The child side of `bench out-of-core` and `bench far-memory`
+//! (`faultline ooc-child`, hidden): waits for the parent to move it into the
+//! cgroup, maps the data — the file (the kernel's `mmap`, with the row's
+//! `madvise` hint, or a faultline region), anonymous memory the kernel
+//! swaps (`anon`), or a faultline region over Redis (`redis`,
+//! `redis-cluster`: `--url`) — fills it first where it starts empty
+//! (untimed), runs the pattern, and prints one JSON line: ops/s, its peak
+//! RSS (`VmHWM`), and for faultline its fault service time.
 
 use crate::bench::rng;
 use anyhow::bail;
-use faultline::store::{File, FileOptions};
+use faultline::store::{File, FileOptions, Redis, RedisCluster, RedisOptions};
 use faultline::{Config, ManagerBuilder, MapOptions};
+use faultline::{Manager, Store};
 use faultline_sys::mem::Advice;
 use serde_json::json;
 use std::io::BufRead;
@@ -34,6 +38,12 @@ pub struct ChildArgs {
     pub ops: usize,
     #[arg(long)]
     pub secs: f64,
+    /// Data size for systems without a file (`anon`, `redis*`), bytes.
+    #[arg(long, default_value_t = 0)]
+    pub len: usize,
+    /// Redis URL (`redis`) or comma-separated node URLs (`redis-cluster`).
+    #[arg(long, default_value = "")]
+    pub url: String,
 }
 
 fn vm_hwm_mib() -> f64 {
@@ -50,7 +60,14 @@ fn vm_hwm_mib() -> f64 {
 
 /// Runs up to `ops` ops per thread on `[base, base + len)`, stopping early at
 /// `secs` seconds; returns ops/s over the ops done.
-fn drive(base: usize, len: usize, pattern: &str, threads: usize, ops: usize, secs: f64) -> f64 {
+pub(crate) fn drive(
+    base: usize,
+    len: usize,
+    pattern: &str,
+    threads: usize,
+    ops: usize,
+    secs: f64,
+) -> f64 {
     let pages = len / 4096;
     let write = pattern.ends_with("write");
     let random = pattern.starts_with("random");
@@ -107,48 +124,127 @@ fn advice(hint: &str) -> anyhow::Result<Option<Advice>> {
     })
 }
 
+/// Writes one word into every 4 KiB page of `[base, base + len)`: the data
+/// of a set that starts empty (anonymous memory, a fresh Redis prefix) is
+/// all there, in swap or in the store, before the pattern is timed.
+fn fill(base: usize, len: usize) {
+    for p in 0..len / 4096 {
+        // SAFETY: inside the caller's mapping or region, which outlives this.
+        unsafe { ((base + p * 4096) as *mut u64).write_volatile(p as u64 | 1) };
+    }
+}
+
+/// A faultline manager with the budget, 4 KiB pages only.
+fn manager(budget: usize) -> anyhow::Result<Manager> {
+    // 4 KiB pages only: the whole budget as a small-page zone (no THP
+    // splits on the way; docs/design.md measures both).
+    let mut config = Config::default();
+    config.budget = budget;
+    config.small_zone_pct = SMALL_ZONE_PCT;
+    Ok(ManagerBuilder::from_config(config).build()?)
+}
+
+/// What a faultline row does around the timed pattern.
+#[derive(Clone, Copy, PartialEq)]
+enum Set {
+    /// The file's data as it is (out-of-core).
+    AsIs,
+    /// Written through the region first (far-memory: every row fills its
+    /// set, which also warms the pool's fresh memory).
+    Fill,
+    /// Written first, and dropped from the store after (a Redis prefix
+    /// made for this run).
+    FillAndDrop,
+}
+
+/// Runs the pattern on a faultline region over `store`: ops/s, and the
+/// fault service time's median and p99 (µs).
+fn faultline_side(
+    a: &ChildArgs,
+    len: usize,
+    store: impl Store + 'static,
+    set: Set,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let mm = manager(a.budget)?;
+    let r = mm.map(len, store, MapOptions::new())?;
+    if set != Set::AsIs {
+        fill(r.addr(), len);
+    }
+    let ops = drive(r.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
+    if let Some(e) = mm.take_error() {
+        bail!("fault error: {e}");
+    }
+    let st = mm.stats();
+    eprintln!("{st}");
+    if set == Set::FillAndDrop {
+        // A set made for this run (a fresh Redis prefix): drop it from the
+        // store, so runs do not pile up in the server's memory.
+        r.discard(0..len, faultline::Discard::Zero)?;
+    }
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Ok((ops, us(st.service.p50_ns), us(st.service.p99_ns)))
+}
+
 /// The child: waits for "go" on stdin, runs, prints JSON.
 pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
-    let len = std::fs::metadata(&a.file)?.len() as usize;
+    let file_len = || Ok::<_, std::io::Error>(std::fs::metadata(&a.file)?.len() as usize);
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
-    let ops_per_s = match a.system.as_str() {
-        "kernel" => {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&a.file)?;
-            let m = faultline_sys::mem::Mapping::shared_file(&f, len)?;
-            if let Some(advice) = advice(&a.hint)? {
-                m.advise(m.addr(), len, advice)?;
-            }
-            drive(m.addr(), len, &a.pattern, a.threads, a.ops, a.secs)
+    let redis_opts = || RedisOptions::new(format!("bench{}", std::process::id()));
+    let (ops_per_s, p50, p99) = match a.system.as_str() {
+        "kernel" => (kernel_file(a, file_len()?)?, 0.0, 0.0),
+        "anon" => {
+            // Anonymous memory: past the cgroup's limit the kernel swaps.
+            let m = faultline_sys::mem::Mapping::anonymous(a.len, 4096)?;
+            fill(m.addr(), a.len);
+            (
+                drive(m.addr(), a.len, &a.pattern, a.threads, a.ops, a.secs),
+                0.0,
+                0.0,
+            )
+        }
+        "redis" => faultline_side(
+            a,
+            a.len,
+            Redis::connect(&a.url, redis_opts())?,
+            Set::FillAndDrop,
+        )?,
+        "redis-cluster" => {
+            let nodes: Vec<&str> = a.url.split(',').collect();
+            faultline_side(
+                a,
+                a.len,
+                RedisCluster::connect(&nodes, redis_opts())?,
+                Set::FillAndDrop,
+            )?
         }
         _ => {
-            // 4 KiB pages only: the whole budget as a small-page zone (no
-            // THP splits on the way; docs/design.md measures both).
-            let mut config = Config::default();
-            config.budget = a.budget;
-            config.small_zone_pct = SMALL_ZONE_PCT;
-            let mm = ManagerBuilder::from_config(config).build()?;
             // Writable for every pattern, the read ones too, like the
             // kernel side's read-write shared mapping: a read-only store
             // would skip dirty tracking (fill fingerprints, the check at
             // eviction) and measure a cheaper path than the kernel's.
             let store = File::open(&a.file, FileOptions::new().writable(true))?;
-            let r = mm.map(len, store, MapOptions::new())?;
-            let ops = drive(r.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
-            if let Some(e) = mm.take_error() {
-                bail!("fault error: {e}");
-            }
-            let st = mm.stats();
-            eprintln!("{st}");
-            ops
+            let set = if a.len > 0 { Set::Fill } else { Set::AsIs };
+            faultline_side(a, file_len()?, store, set)?
         }
     };
     println!(
         "{}",
-        json!({"ops_per_s": ops_per_s, "max_rss_mib": vm_hwm_mib()})
+        json!({"ops_per_s": ops_per_s, "max_rss_mib": vm_hwm_mib(),
+            "fault_p50_us": p50, "fault_p99_us": p99})
     );
     Ok(())
+}
+
+/// The kernel's `mmap` of the file, with the row's hint: ops/s.
+fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<f64> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&a.file)?;
+    let m = faultline_sys::mem::Mapping::shared_file(&f, len)?;
+    if let Some(advice) = advice(&a.hint)? {
+        m.advise(m.addr(), len, advice)?;
+    }
+    Ok(drive(m.addr(), len, &a.pattern, a.threads, a.ops, a.secs))
 }

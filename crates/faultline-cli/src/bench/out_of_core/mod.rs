@@ -22,55 +22,17 @@ mod device;
 
 pub use child::{child, ChildArgs};
 
+use super::cgroup::{self, drop_caches};
 use super::{progress, BenchOpts};
 use crate::report::Report;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use child::SMALL_ZONE_PCT;
 use device::DeviceRow;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// A memory cgroup (v1) with a limit, removed on drop.
-struct Cgroup {
-    dir: PathBuf,
-}
-
-impl Cgroup {
-    fn new(limit: usize) -> anyhow::Result<Cgroup> {
-        let dir = PathBuf::from(format!(
-            "/sys/fs/cgroup/memory/faultline-bench-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).with_context(|| {
-            format!(
-                "creating {} (cgroup v1 memory controller, root)",
-                dir.display()
-            )
-        })?;
-        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())?;
-        Ok(Cgroup { dir })
-    }
-
-    fn add(&self, pid: u32) -> anyhow::Result<()> {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())?;
-        Ok(())
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
-fn drop_caches() -> anyhow::Result<()> {
-    faultline_sys::host::sync_all();
-    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache (root)")
-}
-
-fn make_dataset(path: &Path, len: usize) -> anyhow::Result<()> {
+pub(crate) fn make_dataset(path: &Path, len: usize) -> anyhow::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     let chunk: Vec<u8> = (0..1 << 20)
         .map(|i: usize| (i as u8).wrapping_mul(7))
@@ -184,35 +146,28 @@ impl Setup {
 
     /// Runs one side in a child inside a fresh cgroup: (ops/s, peak RSS MiB).
     fn run_child(&self, system: &str, hint: &str, pattern: &str) -> anyhow::Result<(f64, f64)> {
-        drop_caches()?;
-        let cg = Cgroup::new(self.limit)?;
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .args(["ooc-child", "--system", system, "--hint", hint, "--file"])
-            .arg(&self.file)
-            .args(["--budget", &self.budget.to_string(), "--pattern", pattern])
-            .args([
+        let file = self.file.display().to_string();
+        let v = cgroup::run_child(
+            self.limit,
+            &[
+                "--system",
+                system,
+                "--hint",
+                hint,
+                "--file",
+                &file,
+                "--pattern",
+                pattern,
+                "--budget",
+                &self.budget.to_string(),
                 "--threads",
                 &THREADS.to_string(),
                 "--ops",
                 &self.ops.to_string(),
-            ])
-            .args(["--secs", &self.secs.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()?;
-        cg.add(child.id())?;
-        child
-            .stdin
-            .take()
-            .context("child stdin")?
-            .write_all(b"go\n")?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!("{system} ({hint}) {pattern} child failed: {}", out.status);
-        }
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+                "--secs",
+                &self.secs.to_string(),
+            ],
+        )?;
         Ok((
             v["ops_per_s"].as_f64().unwrap_or(0.0),
             v["max_rss_mib"].as_f64().unwrap_or(0.0),
