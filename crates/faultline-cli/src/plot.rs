@@ -145,6 +145,17 @@ fn figure(bench: &str) -> Option<(&'static str, Vec<Panel>)> {
                 y_label: "page operations per second",
             }],
         ),
+        "far-memory" => (
+            "far memory: a set 4x the budget",
+            vec![Panel::Bars {
+                filter: |r| r["system"] != "redis-raw",
+                category: &["pattern"],
+                series: &["system"],
+                y: "ops_per_s",
+                whisker: None,
+                y_label: "page operations per second",
+            }],
+        ),
         "demo" => (
             "faultline demo",
             vec![Panel::Lines {

@@ -43,6 +43,10 @@ pub struct FarOpts {
     /// the bench starts).
     #[arg(long)]
     pub cluster: Option<String>,
+    /// Run only these patterns (default: random-read, random-write,
+    /// seq-read, seq-write).
+    #[arg(long = "pattern", value_parser = ["random-read", "random-write", "seq-read", "seq-write"])]
+    pub patterns: Vec<String>,
 }
 
 /// Application threads of every run.
@@ -253,7 +257,12 @@ pub fn run(o: &FarOpts) -> anyhow::Result<Report> {
         "memory_limit_bytes": s.limit, "threads": THREADS, "ops_per_thread": s.ops,
         "time_cap_s": s.secs, "redis": servers.redis, "cluster": servers.cluster});
     super::out_of_core::make_dataset(&s.file, s.len)?;
-    let result = run_rows(&s, &servers, &mut report);
+    let all = ["random-read", "random-write", "seq-read", "seq-write"];
+    let patterns: Vec<&str> = match o.patterns.is_empty() {
+        true => all.to_vec(),
+        false => o.patterns.iter().map(String::as_str).collect(),
+    };
+    let result = run_rows(&s, &servers, &patterns, &mut report);
     let _ = std::fs::remove_file(&s.file);
     result?;
     for r in raw::measure(&servers.redis, if o.common.quick { 2000 } else { 20000 })? {
@@ -263,11 +272,15 @@ pub fn run(o: &FarOpts) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-fn run_rows(s: &Setup, servers: &Servers, report: &mut Report) -> anyhow::Result<()> {
-    let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
+fn run_rows(
+    s: &Setup,
+    servers: &Servers,
+    patterns: &[&str],
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let systems = systems(servers);
     let bar = progress((patterns.len() * systems.len()) as u64, "far-memory");
-    for pattern in patterns {
+    for &pattern in patterns {
         let mut file_ops = f64::NAN;
         for (system, child, url) in &systems {
             let v = row(s, system, child, url, pattern, &mut report.notes);

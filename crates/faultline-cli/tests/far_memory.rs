@@ -1,0 +1,85 @@
+//! `faultline bench far-memory` and `faultline demo --store redis://` run
+//! end to end against real Redis servers: the bench starts its own server
+//! and cluster, the demo uses one this test starts. Needs root (userfaultfd,
+//! the memory cgroup, swap on zram) and `redis-server`; fails saying so.
+
+use serde_json::Value;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_faultline");
+
+#[test]
+fn bench_far_memory_has_every_row() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "far-memory",
+            "--quick",
+            "--json",
+            "--pattern",
+            "random-read",
+        ])
+        .output()
+        .expect("run faultline");
+    assert!(
+        out.status.success(),
+        "bench far-memory failed (needs root, cgroup v1, redis-server): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = v["rows"].as_array().expect("rows");
+    for system in [
+        "faultline-file",
+        "faultline-redis",
+        "faultline-redis-cluster",
+        "redis-raw",
+    ] {
+        let row = rows
+            .iter()
+            .find(|r| r["system"] == system)
+            .unwrap_or_else(|| panic!("no {system} row: {v}"));
+        assert!(row["pattern"].is_string(), "{row}");
+        assert!(row["ops_per_s"].as_f64().is_some_and(|x| x > 0.0), "{row}");
+    }
+    // The swap rows ran, or say why not.
+    let notes = v["notes"].to_string();
+    for system in ["kernel-swap-zram", "kernel-swap-file"] {
+        assert!(
+            rows.iter().any(|r| r["system"] == system) || notes.contains(system),
+            "{system}: neither a row nor a note: {v}"
+        );
+    }
+    assert!(
+        notes.contains("goal: random 4 KiB read fault over Redis"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn demo_runs_its_out_of_core_job_over_redis() {
+    let server = redis_harness::Server::start()
+        .unwrap_or_else(|e| panic!("this test needs redis-server: {e}"));
+    let out = Command::new(BIN)
+        .args([
+            "demo",
+            "--seconds",
+            "1",
+            "--budget-mib",
+            "16",
+            "--store",
+            &server.url(),
+        ])
+        .output()
+        .expect("run faultline");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("every written page verified"),
+        "demo over Redis failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&server.url()), "{text}");
+    // The demo drops its pages from Redis when it is done.
+    let mut c = server.connection().expect("connection");
+    let keys: usize = redis::cmd("DBSIZE").query(&mut c).expect("DBSIZE");
+    assert_eq!(keys, 0);
+}
