@@ -235,6 +235,7 @@ impl<B: Backend> RedisStore<B> {
         let deadline = Instant::now() + retry_for;
         loop {
             let conn = self.pool.lock().pop();
+            let pooled = conn.is_some();
             let got = match conn {
                 Some(c) => Ok(c),
                 None => self.backend.connect().map_err(Failure::from),
@@ -253,6 +254,13 @@ impl<B: Backend> RedisStore<B> {
                 },
                 Err(e) => e,
             };
+            if failure.retry && pooled {
+                // An idle connection the server dropped (it restarted, or
+                // timed out clients): so may the others be. Try a fresh one
+                // at once, whatever `retry_for` says.
+                self.pool.lock().clear();
+                continue;
+            }
             if !failure.retry || Instant::now() + RETRY_PAUSE > deadline {
                 if failure.retry {
                     self.down.store(true, Ordering::Relaxed);
