@@ -35,6 +35,23 @@ impl Drop for PyManager {
     }
 }
 
+/// A new region's page size (default 4 KiB), its length (bytes or "64M",
+/// not 0), and its span (the length rounded up to whole pages).
+fn sized(
+    length: &Bound<'_, PyAny>,
+    page_size: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(PageSize, usize, usize)> {
+    let page = match page_size {
+        Some(p) => self::page_size(p)?,
+        None => PageSize::Base4K,
+    };
+    let length = size::from_py(length)?;
+    if length == 0 {
+        return Err(PyValueError::new_err("cannot map 0 bytes"));
+    }
+    Ok((page, length, length.div_ceil(page.bytes()) * page.bytes()))
+}
+
 /// Parses a page size: `"4K"` (4096) or `"2M"`.
 fn page_size(v: &Bound<'_, PyAny>) -> PyResult<PageSize> {
     match size::from_py(v)? {
@@ -199,15 +216,7 @@ impl PyManager {
         length: &Bound<'_, PyAny>,
         page_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRegion> {
-        let page = match page_size {
-            Some(p) => self::page_size(p)?,
-            None => PageSize::Base4K,
-        };
-        let length = size::from_py(length)?;
-        if length == 0 {
-            return Err(PyValueError::new_err("cannot map 0 bytes"));
-        }
-        let span = length.div_ceil(page.bytes()) * page.bytes();
+        let (page, length, span) = sized(length, page_size)?;
         let r = slf
             .get()
             .mm
@@ -237,14 +246,7 @@ impl PyManager {
         retry_for: f64,
         replicas: Option<usize>,
     ) -> PyResult<PyRegion> {
-        let page = match page_size {
-            Some(p) => self::page_size(p)?,
-            None => PageSize::Base4K,
-        };
-        let length = size::from_py(length)?;
-        if length == 0 {
-            return Err(PyValueError::new_err("cannot map 0 bytes"));
-        }
+        let (page, length, span) = sized(length, page_size)?;
         if !(0.0..=86_400.0).contains(&retry_for) {
             return Err(PyValueError::new_err("retry_for is seconds, 0 to 86400"));
         }
@@ -252,7 +254,6 @@ impl PyManager {
         if let Some(n) = replicas {
             opts = opts.replicas(n);
         }
-        let span = length.div_ceil(page.bytes()) * page.bytes();
         let map = MapOptions::new().page_size(page);
         let mm = &slf.get().mm;
         let what = "cannot map a region over Redis";

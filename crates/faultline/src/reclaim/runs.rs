@@ -23,13 +23,6 @@ use crate::writeback;
 use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
 
-/// Parks the run of resident 4 KiB pages from `page` whose frames are
-/// consecutive (a read-ahead or fault-around run) with one `UFFDIO_MOVE`:
-/// one TLB flush for the run instead of one per page — on this VM a flush
-/// that reaches another CPU costs an IPI (~25 µs). The caller holds lock
-/// `idx` (of `page`) or has it as `held`; the other pages' locks are only
-/// tried. Returns the pages the hand passed (0: not a run, step the page
-/// alone).
 /// The run from `page`, if any: resident pages are parked together
 /// ([`park_run`]), parked ones evicted together ([`evict_run`]). Returns
 /// (pages passed, pages freed); passed 0: step the page alone.
@@ -47,6 +40,31 @@ pub(super) fn any_run(
     }
 }
 
+/// The run of at most [`RUN_MAX`] pages from `page` that pass `ok`, its
+/// pages' locks taken (`RegionInner::lock_run`; the caller holds lock `idx`
+/// of `page`, or has it as `held`): the run's length and the guards, which
+/// hold the locks until dropped.
+fn lock_from<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    page: usize,
+    idx: usize,
+    held: Option<usize>,
+    ok: impl Fn(usize) -> bool,
+) -> (usize, Vec<crate::locks::FaultGuard<'a>>) {
+    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
+    let mut guards = Vec::new();
+    let n = r.lock_run(&core.locks, page, RUN_MAX, &mut mine, &mut guards, ok);
+    (n, guards)
+}
+
+/// Parks the run of resident 4 KiB pages from `page` whose frames are
+/// consecutive (a read-ahead or fault-around run) with one `UFFDIO_MOVE`:
+/// one TLB flush for the run instead of one per page — on this VM a flush
+/// that reaches another CPU costs an IPI (~25 µs). The caller holds lock
+/// `idx` (of `page`) or has it as `held`; the other pages' locks are only
+/// tried. Returns the pages the hand passed (0: not a run, step the page
+/// alone).
 fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<usize>) -> usize {
     if r.page_size != PageSize::Base4K || r.dying() {
         return 0;
@@ -57,9 +75,7 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     if core.alloc.pool_of(f) != 0 {
         return 0;
     }
-    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
-    let mut guards = Vec::new();
-    let n = r.lock_run(&core.locks, page, RUN_MAX, &mut mine, &mut guards, |p| {
+    let (n, _guards) = lock_from(core, r, page, idx, held, |p| {
         let fp = f + (p - page) as u32;
         r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0 && !r.pins.contains(p)
     });
@@ -107,16 +123,7 @@ fn evict_run(
     if r.page_size != PageSize::Base4K || r.dying() || !r.store.writable() || !parked_here(page) {
         return (0, 0);
     }
-    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
-    let mut guards = Vec::new();
-    let n = r.lock_run(
-        &core.locks,
-        page,
-        RUN_MAX,
-        &mut mine,
-        &mut guards,
-        parked_here,
-    );
+    let (n, _guards) = lock_from(core, r, page, idx, held, parked_here);
     if n < 2 {
         return (0, 0);
     }
