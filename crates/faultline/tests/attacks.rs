@@ -34,7 +34,7 @@ fn ten_thousand_regions() {
         "took {:?}",
         t0.elapsed()
     );
-    let st = mm.stats();
+    let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
 
@@ -86,7 +86,7 @@ fn dropping_a_region_while_another_thread_touches_it() {
             stop.store(true, Ordering::Relaxed);
         });
     }
-    let st = common::settled(&mm);
+    let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
 

@@ -75,7 +75,7 @@ fn dropped_part_of_a_huge_page_keeps_the_rest() {
     assert_eq!(st.refaulted_dropped, 3, "three 4 KiB holes refilled: {st}");
     assert!(mm.take_error().is_none());
     drop(r);
-    let st = mm.stats();
+    let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
 
@@ -209,7 +209,7 @@ fn a_range_the_program_unmapped_and_reused_is_left_alone() {
     // SAFETY: ours to unmap.
     unsafe { libc::munmap(hole as *mut libc::c_void, 4 * PAGE) };
     assert!(mm.take_error().is_none());
-    let st = mm.stats();
+    let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
 
@@ -283,7 +283,7 @@ fn pages_moved_away_with_mremap_keep_their_data() {
     // SAFETY: ours to unmap.
     unsafe { libc::munmap(to as *mut libc::c_void, HUGE) };
     assert!(mm.take_error().is_none());
-    let st = mm.stats();
+    let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
 
@@ -313,7 +313,7 @@ fn a_page_dropped_from_a_collapsed_block_refills_alone() {
     }
     assert!(mm.take_error().is_none());
     drop(r);
-    let st = mm.stats();
+    let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
 

@@ -72,6 +72,21 @@ pub fn settled(mm: &Manager) -> faultline::StatsSnapshot {
     last
 }
 
+/// Waits (up to 5 s) until every frame of the pool is free, and returns the
+/// stats then: the zeroing worker may hold a frame it is clearing for a
+/// moment after the last region goes, so a leak is only a frame that never
+/// comes back.
+pub fn all_free(mm: &Manager) -> faultline::StatsSnapshot {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let st = mm.stats();
+        if st.frames_free == st.frames_total || std::time::Instant::now() >= deadline {
+            return st;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Reads one byte at `addr` from kernel mode (`write(2)` into a pipe): a
 /// poisoned page gives EFAULT there instead of SIGBUS. Returns the errno, or
 /// 0 if the read worked.
