@@ -139,7 +139,7 @@ fn figure(bench: &str) -> Option<(&'static str, Vec<Panel>)> {
             vec![Panel::Bars {
                 filter: any,
                 category: &["pattern"],
-                series: &["system", "hint"],
+                series: &["system", "hint", "io"],
                 y: "ops_per_s",
                 whisker: None,
                 y_label: "page operations per second",

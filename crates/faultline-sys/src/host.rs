@@ -239,6 +239,21 @@ pub fn open_direct(path: &std::path::Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Opens the file behind `file` again, as a new open file description with
+/// `O_DIRECT` (through `/proc/self/fd`, so it works for a file that was
+/// renamed or deleted, and leaves the flags of `file`, which a caller may
+/// share, untouched); read-write if `writable`. The same alignment rules as
+/// [`open_direct`]; a file system without `O_DIRECT` fails with `EINVAL`.
+pub fn reopen_direct(file: &std::fs::File, writable: bool) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
 /// Minor page faults the calling thread has taken (`getrusage`).
 pub fn thread_minor_faults() -> i64 {
     // SAFETY: rusage is plain data; all-zero is a valid value.

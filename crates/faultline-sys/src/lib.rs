@@ -1,7 +1,7 @@
 //! Raw Linux interfaces for faultline, and the only crate in the workspace that
 //! makes system calls or ioctls.
 //!
-//! Three modules:
+//! Four modules:
 //! - [`uffd`]: a `userfaultfd` context — opening it, the `UFFDIO_API` handshake
 //!   that probes features at run time, (un)registration and the resolving
 //!   ioctls (`MOVE`, `COPY`, `ZEROPAGE`, `WRITEPROTECT`, `WAKE`, `POISON`).
@@ -10,6 +10,8 @@
 //! - [`mem`]: anonymous mappings (an owning [`mem::Mapping`]), `madvise`.
 //! - [`host`]: facts about the machine (page size, physical memory, THP mode,
 //!   current CPU, cycle counter).
+//! - [`signal`]: the SIGBUS handler's plumbing for faults served in the
+//!   faulting thread (install, read the siginfo, pass a signal on).
 //!
 //! Every error carries the errno and the address range it concerned. Results
 //! that are part of normal operation (`EAGAIN`, `EEXIST`, `ENOENT` from a
@@ -20,6 +22,7 @@
 
 pub mod host;
 pub mod mem;
+pub mod signal;
 pub mod uffd;
 
 /// Size of a base page on x86_64 and aarch64-4k: 4 KiB.

@@ -353,7 +353,12 @@ fn stress_store_backed_oracle() {
         let open = |i: usize, size: PageSize| {
             mm.map(
                 len,
-                faultline::store::File::open(&paths[i], FileOptions::new().writable(true))
+                // Region 0 moves pages with direct I/O, region 1 through
+                // the page cache: both paths under the oracle.
+                faultline::store::File::open(
+                    &paths[i],
+                    FileOptions::new().writable(true).direct(i == 0),
+                )
                     .expect("open"),
                 MapOptions::new().page_size(size),
             )
@@ -427,7 +432,10 @@ fn stress_store_backed_oracle() {
                         let r = mm
                             .map(
                                 MIB,
-                                faultline::store::File::open(&f, FileOptions::new().writable(true))
+                                faultline::store::File::open(
+                                    &f,
+                                    FileOptions::new().writable(true).direct(n % 2 == 0),
+                                )
                                     .expect("open"),
                                 MapOptions::new(),
                             )

@@ -15,6 +15,9 @@ impl Features {
     pub const THREAD_ID: Features = Features(1 << 8);
     /// `UFFD_FEATURE_WP_UNPOPULATED`.
     pub const WP_UNPOPULATED: Features = Features(1 << 13);
+    /// `UFFD_FEATURE_SIGBUS`: a missing-page fault raises SIGBUS in the
+    /// faulting thread instead of queueing an event (`signal.rs`).
+    pub const SIGBUS: Features = Features(1 << 7);
     /// `UFFD_FEATURE_POISON`: `UFFDIO_POISON` (SIGBUS for one page).
     pub const POISON: Features = Features(1 << 14);
     /// `UFFD_FEATURE_WP_ASYNC`: the kernel resolves WP faults itself.

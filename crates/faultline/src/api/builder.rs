@@ -128,12 +128,13 @@ impl ManagerBuilder {
     pub fn build(self) -> Result<Manager, BuildError> {
         let config = self.config;
         config.validate()?;
-        let uffd = Uffd::open(
-            Features::MOVE
-                .with(Features::POISON)
-                .with(Features::EVENT_UNMAP),
-            Features::THREAD_ID,
-        )?;
+        let mut required = Features::MOVE
+            .with(Features::POISON)
+            .with(Features::EVENT_UNMAP);
+        if config.fault_mode == crate::FaultMode::InThread {
+            required = required.with(Features::SIGBUS);
+        }
+        let uffd = Uffd::open(required, Features::THREAD_ID)?;
         let parts = pool_parts(&config);
         let pagemap = PageMap::open()?;
         let deferred_fd = EventFd::new()?;

@@ -13,6 +13,7 @@
 
 use crate::core::Core;
 use crate::error::BuildError;
+use crate::fault::inthread::{self, Registration};
 use crate::fault::service::{run_standby, run_worker};
 use crate::frame::FrameAllocator;
 use crate::publish::Publisher;
@@ -32,6 +33,9 @@ pub(crate) struct Service {
     pub(crate) core: Arc<Core>,
     shutdown: EventFd,
     threads: Vec<JoinHandle<()>>,
+    /// The manager's place in the SIGBUS handler's registry
+    /// ([`crate::FaultMode::InThread`]).
+    in_thread: Option<Registration>,
 }
 
 impl Service {
@@ -49,10 +53,15 @@ impl Service {
         let waiters = (0..=workers)
             .map(|_| Waiter::new(&core.uffd, &others, wake_one))
             .collect::<Result<Vec<_>, _>>()?;
+        let in_thread = match core.config.fault_mode {
+            crate::FaultMode::InThread => Some(inthread::register(&core)?),
+            crate::FaultMode::Workers => None,
+        };
         let mut service = Service {
             core,
             shutdown,
             threads: Vec::new(),
+            in_thread,
         };
         for (i, waiter) in waiters.into_iter().enumerate() {
             let name = if i < workers {
@@ -125,6 +134,8 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
+        // Every region is gone: no fault of this manager's can come.
+        drop(self.in_thread.take());
         if !self.core.in_owner() {
             // A child of fork(): the threads are the parent's (none run
             // here), and the shutdown eventfd is shared with the parent —

@@ -24,9 +24,14 @@
 //! call the standby worker serves faults until one returns
 //! ([`service::run_standby`]).
 //!
+//! With [`crate::FaultMode::InThread`] the faulting thread serves its own
+//! fault in faultline's SIGBUS handler ([`inthread`]), through the same
+//! `resolve`; the workers then only read the other events (unmaps).
+//!
 //! Errors of the fault path are [`crate::FaultError`] values queued in the
 //! core; the faulting thread itself gets SIGBUS.
 
+pub(crate) mod inthread;
 mod resolve;
 pub(crate) mod service;
 mod unit;

@@ -1,8 +1,15 @@
-//! The file store: a region backed by a byte range of a file, read with
-//! `pread`, written with `pwrite`, made durable with `fsync`; read-ahead
-//! hints go to the kernel (`posix_fadvise(WILLNEED)`). Its identity (device
-//! and inode) lets the manager refuse two writable regions over one range.
-//! No locks (the kernel orders concurrent `pread`/`pwrite` on one file).
+//! The file store: a region backed by a byte range of a file. Pages move
+//! between the file and their frames with direct I/O (`O_DIRECT` `pread` /
+//! `pwrite` straight into and out of the frame: read once, never copied
+//! through the page cache, which would count against the program's memory)
+//! where the file system has it and the transfer is 4 KiB aligned, and with
+//! buffered `pread`/`pwrite` otherwise (then read-ahead hints go to the
+//! kernel, `posix_fadvise(WILLNEED)`); `fsync` makes writes durable. The
+//! kernel keeps the two paths coherent (a direct read writes back dirty
+//! cached pages of its range first; a direct write drops them). Its
+//! identity (device and inode) lets the manager refuse two writable regions
+//! over one range. No locks (the kernel orders concurrent `pread`/`pwrite`
+//! on one file).
 
 use super::{Store, StoreError};
 
@@ -18,13 +25,20 @@ use super::{Store, StoreError};
 #[derive(Debug)]
 pub struct File {
     file: std::fs::File,
+    /// The same file, opened again with `O_DIRECT`: `Some` when asked for
+    /// and the file system has it.
+    direct: Option<std::fs::File>,
     offset: u64,
     writable: bool,
     identity: u64,
 }
 
+/// The alignment of every direct transfer: buffer, file offset and length
+/// (the largest logical block size of common devices).
+const DIRECT_ALIGN: usize = 4096;
+
 /// How a [`File`] store is opened: `FileOptions::new().offset(o).writable(true)`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FileOptions {
     /// Byte offset in the file of the region's first page. Default 0.
@@ -32,12 +46,40 @@ pub struct FileOptions {
     /// Open read-write (write-back allowed); default read-only (map such a
     /// store with [`crate::Manager::map_read_only`]).
     pub writable: bool,
+    /// Direct I/O (`O_DIRECT`) between the file and the frames: default on.
+    /// See [`FileOptions::direct`].
+    pub direct: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> FileOptions {
+        FileOptions {
+            offset: 0,
+            writable: false,
+            direct: true,
+        }
+    }
 }
 
 impl FileOptions {
-    /// Offset 0, read-only.
+    /// Offset 0, read-only, direct I/O.
     pub fn new() -> FileOptions {
         FileOptions::default()
+    }
+
+    /// Direct I/O (the default): a page is read from the device straight
+    /// into its frame and written back from it, so the file's data is in
+    /// memory once, in faultline's budget, and not a second time in the
+    /// page cache (which counts against the program's memory cgroup). Where
+    /// the file system has no `O_DIRECT`, or a transfer is not 4 KiB
+    /// aligned (a region offset that is not a multiple of 4 KiB), the store
+    /// uses buffered I/O instead; [`File::is_direct`] says which it got.
+    /// Off (`false`): buffered I/O, with the kernel's own read-ahead started
+    /// ahead of a sequential stream, and file pages cached by the kernel as
+    /// well as by faultline.
+    pub fn direct(mut self, direct: bool) -> FileOptions {
+        self.direct = direct;
+        self
     }
 
     /// Sets the byte offset of the region's first page in the file.
@@ -67,9 +109,17 @@ impl File {
     }
 
     /// Wraps an open file (which must be readable, and writable if
-    /// `opts.writable`).
+    /// `opts.writable`). With `opts.direct`, the file is opened a second
+    /// time with `O_DIRECT` (the flags of `file` stay as they are).
     pub fn from_file(file: std::fs::File, opts: FileOptions) -> File {
-        let FileOptions { offset, writable } = opts;
+        let FileOptions {
+            offset,
+            writable,
+            direct,
+        } = opts;
+        let direct = direct
+            .then(|| faultline_sys::host::reopen_direct(&file, writable).ok())
+            .flatten();
         use std::os::unix::fs::MetadataExt;
         // The object's identity: device and inode, mixed into one word.
         let identity = file
@@ -78,6 +128,7 @@ impl File {
             .unwrap_or(0);
         File {
             file,
+            direct,
             offset,
             writable,
             identity,
@@ -103,29 +154,67 @@ impl File {
         page.saturating_mul(len as u64).saturating_add(self.offset)
     }
 
-    /// One `pread` loop into `buf` from byte `at`; zeros past the end of the
-    /// file. `page` names the first page, for errors.
+    /// Whether pages move with direct I/O (see [`FileOptions::direct`]).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The direct fd, if a transfer of `len` bytes at byte `at` from or to
+    /// `ptr` may use it.
+    fn direct_for(&self, at: u64, ptr: *const u8, len: usize) -> Option<&std::fs::File> {
+        let aligned = at % DIRECT_ALIGN as u64 == 0
+            && len % DIRECT_ALIGN == 0
+            && (ptr as usize) % DIRECT_ALIGN == 0;
+        self.direct.as_ref().filter(|_| aligned)
+    }
+
+    /// Reads into `buf` from byte `at`; zeros past the end of the file.
+    /// Direct where it may be, buffered for the rest (a direct read that
+    /// the kernel refuses part-way, `EINVAL` after a short read, is
+    /// finished buffered). `page` names the first page, for errors.
     fn read_at(&self, page: u64, at: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        use std::os::unix::fs::FileExt;
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], at + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(StoreError::Io {
-                        op: "read",
-                        page,
-                        source,
-                    })
-                }
-            }
+        let (mut done, mut eof) = (0, false);
+        if let Some(d) = self.direct_for(at, buf.as_ptr(), buf.len()) {
+            (done, eof) = pread_all(d, page, at, buf, true)?;
+        }
+        if !eof && done < buf.len() {
+            done += pread_all(&self.file, page, at + done as u64, &mut buf[done..], false)?.0;
         }
         // Past the end of the file: zeros.
         crate::memops::clear_rep_stosb(&mut buf[done..]);
         Ok(())
     }
+}
+
+/// `pread` into `buf` from byte `at` until it is full or the file ends:
+/// (bytes read, whether the file ended). `direct`: an `EINVAL` (the kernel
+/// refusing this transfer's alignment) stops the loop early instead of
+/// failing it.
+fn pread_all(
+    f: &std::fs::File,
+    page: u64,
+    at: u64,
+    buf: &mut [u8],
+    direct: bool,
+) -> Result<(usize, bool), StoreError> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], at + done as u64) {
+            Ok(0) => return Ok((done, true)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => return Ok((done, false)),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    op: "read",
+                    page,
+                    source,
+                })
+            }
+        }
+    }
+    Ok((done, false))
 }
 
 impl Store for File {
@@ -147,6 +236,11 @@ impl Store for File {
     }
 
     fn will_read(&self, first: u64, pages: usize, page_size: usize) {
+        // Direct reads never look in the page cache: filling it would only
+        // cost memory and device time.
+        if self.direct.is_some() {
+            return;
+        }
         // Best effort: a hint that fails changes nothing but speed.
         let _ = faultline_sys::host::file_willneed(
             &self.file,
@@ -175,8 +269,23 @@ impl Store for File {
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         use std::os::unix::fs::FileExt;
         self.must_write("write")?;
+        let at = self.at(page, buf.len());
+        if let Some(d) = self.direct_for(at, buf.as_ptr(), buf.len()) {
+            match d.write_all_at(buf, at) {
+                // Refused alignment: the buffered write below (rewriting
+                // whatever part went through is harmless).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                result => {
+                    return result.map_err(|source| StoreError::Io {
+                        op: "write",
+                        page,
+                        source,
+                    })
+                }
+            }
+        }
         self.file
-            .write_all_at(buf, self.at(page, buf.len()))
+            .write_all_at(buf, at)
             .map_err(|source| StoreError::Io {
                 op: "write",
                 page,

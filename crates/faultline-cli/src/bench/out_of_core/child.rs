@@ -41,6 +41,10 @@ pub struct ChildArgs {
     /// Data size for systems without a file (`anon`, `redis*`), bytes.
     #[arg(long, default_value_t = 0)]
     pub len: usize,
+    /// faultline over the file: `direct` (`O_DIRECT`, the default) or
+    /// `buffered` I/O between the file and the frames.
+    #[arg(long, default_value = "direct")]
+    pub io: String,
     /// Redis URL (`redis`) or comma-separated node URLs (`redis-cluster`).
     #[arg(long, default_value = "")]
     pub url: String,
@@ -223,7 +227,12 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             // kernel side's read-write shared mapping: a read-only store
             // would skip dirty tracking (fill fingerprints, the check at
             // eviction) and measure a cheaper path than the kernel's.
-            let store = File::open(&a.file, FileOptions::new().writable(true))?;
+            let direct = match a.io.as_str() {
+                "direct" => true,
+                "buffered" => false,
+                other => bail!("--io {other}: direct or buffered"),
+            };
+            let store = File::open(&a.file, FileOptions::new().writable(true).direct(direct))?;
             let set = if a.len > 0 { Set::Fill } else { Set::AsIs };
             faultline_side(a, file_len()?, store, set)?
         }

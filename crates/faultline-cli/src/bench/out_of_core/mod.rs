@@ -145,15 +145,17 @@ impl Setup {
     }
 
     /// Runs one side in a child inside a fresh cgroup: (ops/s, peak RSS MiB).
-    fn run_child(&self, system: &str, hint: &str, pattern: &str) -> anyhow::Result<(f64, f64)> {
+    fn run_child(&self, m: &Side, pattern: &str) -> anyhow::Result<(f64, f64)> {
         let file = self.file.display().to_string();
         let v = cgroup::run_child(
             self.limit,
             &[
                 "--system",
-                system,
+                m.system,
                 "--hint",
-                hint,
+                m.hint,
+                "--io",
+                m.io,
                 "--file",
                 &file,
                 "--pattern",
@@ -175,10 +177,17 @@ impl Setup {
     }
 }
 
-/// One mmap row: which side, and what it measured.
-struct Measured {
+/// One side of a pattern: the kernel's mmap with a hint, or faultline with
+/// an I/O mode.
+struct Side {
     system: &'static str,
     hint: &'static str,
+    io: &'static str,
+}
+
+/// One row: which side, and what it measured.
+struct Measured {
+    side: Side,
     ops: f64,
     rss: f64,
 }
@@ -186,14 +195,16 @@ struct Measured {
 /// Adds a mmap row; ratios against the unhinted and the best kernel row.
 fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_best: f64) {
     let (vs, vs_best) = (m.ops / k_none, m.ops / k_best);
+    let Side { system, hint, io } = m.side;
     report.rows.push(
-        json!({"system": m.system, "hint": m.hint, "pattern": pattern,
+        json!({"system": system, "hint": hint, "io": io, "pattern": pattern,
         "threads": THREADS, "ops_per_s": m.ops, "max_rss_mib": m.rss,
         "vs_kernel": vs, "vs_kernel_best": vs_best}),
     );
     report.table.push(vec![
-        m.system.into(),
-        m.hint.into(),
+        system.into(),
+        hint.into(),
+        io.into(),
         pattern.into(),
         THREADS.to_string(),
         format!("{:.0}", m.ops),
@@ -207,13 +218,14 @@ fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_bes
 /// Adds a device row (`threads` holds the queue depth).
 fn push_device(report: &mut Report, d: &DeviceRow) {
     report.rows.push(
-        json!({"system": "device", "hint": "-", "pattern": d.pattern,
+        json!({"system": "device", "hint": "-", "io": "o_direct", "pattern": d.pattern,
         "io": d.io, "queue_depth": d.queue_depth, "ops_per_s": d.pages_per_s,
         "mib_per_s": d.mib_per_s}),
     );
     report.table.push(vec![
         "device".into(),
         "-".into(),
+        "o_direct".into(),
         d.pattern.into(),
         format!("qd {}", d.queue_depth),
         format!("{:.0}", d.pages_per_s),
@@ -224,7 +236,8 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
     ]);
 }
 
-/// The three runs of one pattern: kernel unhinted, kernel hinted, faultline.
+/// The runs of one pattern: kernel unhinted, kernel hinted, faultline with
+/// direct I/O (its default) and with buffered I/O.
 fn run_pattern(
     s: &Setup,
     report: &mut Report,
@@ -237,15 +250,10 @@ fn run_pattern(
         "sequential"
     };
     let mut rows = Vec::new();
-    for (system, hint) in [("kernel", "none"), ("kernel", hint), ("faultline", "-")] {
-        let (ops, rss) = s.run_child(system, hint, pattern)?;
+    for side in sides(hint) {
+        let (ops, rss) = s.run_child(&side, pattern)?;
         bar.inc(1);
-        rows.push(Measured {
-            system,
-            hint,
-            ops,
-            rss,
-        });
+        rows.push(Measured { side, ops, rss });
     }
     let k_none = rows[0].ops;
     let k_best = rows[0].ops.max(rows[1].ops);
@@ -253,6 +261,18 @@ fn run_pattern(
         push_row(report, pattern, m, k_none, k_best);
     }
     Ok(())
+}
+
+/// The sides of a pattern whose kernel hint is `hint`; the two kernel rows
+/// first.
+fn sides(hint: &'static str) -> [Side; 4] {
+    let side = |system, hint, io| Side { system, hint, io };
+    [
+        side("kernel", "none", "mmap"),
+        side("kernel", hint, "mmap"),
+        side("faultline", "-", "direct"),
+        side("faultline", "-", "buffered"),
+    ]
 }
 
 /// The device rows, or a note saying why there are none.
@@ -273,6 +293,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
         vec![
             "system",
             "hint",
+            "io",
             "pattern",
             "threads",
             "ops_per_s",
@@ -286,7 +307,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
         "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
         "ops_per_thread": s.ops, "threads": THREADS, "time_cap_s": s.secs});
     let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
-    let bar = progress((patterns.len() * 3) as u64, "out-of-core");
+    let bar = progress((patterns.len() * 4) as u64, "out-of-core");
     let result = (|| -> anyhow::Result<()> {
         run_device(&s, &mut report)?;
         for pattern in patterns {
@@ -313,7 +334,9 @@ fn notes(s: &Setup, report: &mut Report) {
         s.secs
     ));
     report.notes.push(
-        "kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
+        "faultline rows: a 4 KiB region over the file, pages moved between file and frames with O_DIRECT \
+         (io direct, the default) or through the page cache (io buffered). \
+         kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
          gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
          kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern."
             .into(),

@@ -1,0 +1,139 @@
+//! SIGBUS plumbing for faults served in the faulting thread
+//! (`UFFD_FEATURE_SIGBUS`: a missing-page fault on a registered range raises
+//! SIGBUS with `BUS_ADRERR` in the thread that touched it, instead of
+//! queueing an event). Installs a process-wide handler once, keeping the
+//! action it replaces; reads the faulting address and cause from a
+//! `siginfo_t`; passes a signal the handler does not serve on to that
+//! previous action; keeps `errno` across a handler.
+//!
+//! The handler is installed with `SA_SIGINFO | SA_NODEFER | SA_RESTART` and
+//! without `SA_ONSTACK`: serving a fault needs a real stack (a thread's
+//! alternate signal stack is a few KiB), and a store's read may fault on
+//! another region inside the handler (`SA_NODEFER` lets that nest). No
+//! locks; the previous action is written once, before the handler can run.
+
+use std::sync::OnceLock;
+
+/// A SIGBUS handler: `(signal, siginfo, ucontext)`.
+pub type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// `si_code` of a SIGBUS from a userfaultfd with `UFFD_FEATURE_SIGBUS`
+/// (the kernel's `VM_FAULT_SIGBUS`: "nonexistent physical address").
+const BUS_ADRERR: libc::c_int = 2;
+/// `si_code` of a poisoned page (`UFFDIO_POISON`, or memory failure).
+const BUS_MCEERR_AR: libc::c_int = 4;
+
+/// The action SIGBUS had before [`install_sigbus`].
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Installs `handler` for SIGBUS in the whole process, once: later calls
+/// (with any handler) change nothing and succeed.
+///
+/// # Errors
+/// The `sigaction(2)` error.
+pub fn install_sigbus(handler: Handler) -> Result<(), crate::SysError> {
+    let mut result = Ok(());
+    PREVIOUS.get_or_init(|| {
+        // SAFETY: an all-zero sigaction is a valid value (SIG_DFL, empty
+        // mask, no flags), filled in below.
+        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+        new.sa_sigaction = handler as usize;
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
+        // SAFETY: as above.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: both pointers are to live sigaction values; `handler` is
+        // an `extern "C"` function of the SA_SIGINFO signature.
+        if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } != 0 {
+            result = Err(crate::SysError::last("sigaction(SIGBUS)", 0, 0));
+            // Nothing was installed: pass everything on as before.
+            old.sa_sigaction = libc::SIG_DFL;
+        }
+        old
+    });
+    result
+}
+
+/// What a SIGBUS says: the address touched, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusInfo {
+    /// The faulting address.
+    pub addr: usize,
+    code: libc::c_int,
+}
+
+impl BusInfo {
+    /// Reads a SIGBUS's siginfo.
+    ///
+    /// # Safety
+    /// `info` is the `siginfo_t` the kernel passed to an `SA_SIGINFO`
+    /// handler of SIGBUS (valid for reads for the handler's duration).
+    pub unsafe fn read(info: *const libc::siginfo_t) -> BusInfo {
+        // SAFETY: valid for reads (the caller's contract); a SIGBUS
+        // siginfo carries `si_addr`.
+        let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+        BusInfo { addr, code }
+    }
+
+    /// A missing page under a userfaultfd with `UFFD_FEATURE_SIGBUS` (or
+    /// another `BUS_ADRERR`, e.g. a file mapping past its end: the caller
+    /// checks the address is its own).
+    pub fn is_missing_page(&self) -> bool {
+        self.code == BUS_ADRERR
+    }
+
+    /// A poisoned page (`UFFDIO_POISON`): the access can never succeed.
+    pub fn is_poisoned(&self) -> bool {
+        self.code == BUS_MCEERR_AR
+    }
+}
+
+/// Passes a SIGBUS the handler does not serve on to the action installed
+/// before it: calls that handler, or for `SIG_DFL`/`SIG_IGN` puts the
+/// default action back, so that the access, retried when the handler
+/// returns, kills the process with SIGBUS as it would have.
+///
+/// # Safety
+/// Called from the SIGBUS handler with the arguments the kernel passed it.
+pub unsafe fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some(prev) = PREVIOUS.get() else {
+        return;
+    };
+    let h = prev.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // SAFETY: as in `install_sigbus`: all-zero is SIG_DFL.
+        let dfl: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: sigaction is async-signal-safe; `dfl` is a valid action.
+        unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
+    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous action was installed as an SA_SIGINFO
+        // handler, so `h` is such a function; the arguments are the
+        // kernel's.
+        let f: Handler = unsafe { std::mem::transmute::<usize, Handler>(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a plain handler `void (*)(int)` (not DFL/IGN).
+        let f: extern "C" fn(libc::c_int) =
+            unsafe { std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(h) };
+        f(sig);
+    }
+}
+
+/// Keeps the thread's `errno` across a signal handler: restored on drop
+/// (the interrupted code may be between a call and its `errno` check).
+#[derive(Debug)]
+pub struct SavedErrno(libc::c_int);
+
+impl SavedErrno {
+    /// Saves the current `errno`.
+    pub fn save() -> SavedErrno {
+        // SAFETY: `__errno_location` returns this thread's errno slot.
+        SavedErrno(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl Drop for SavedErrno {
+    fn drop(&mut self) {
+        // SAFETY: as in `save`.
+        unsafe { *libc::__errno_location() = self.0 };
+    }
+}

@@ -1,0 +1,172 @@
+//! Faults served in the faulting thread ([`crate::FaultMode::InThread`]).
+//! The manager's userfaultfd has `UFFD_FEATURE_SIGBUS`, so a missing-page
+//! fault raises SIGBUS in the thread that touched the page; faultline's
+//! handler finds the manager whose region holds the address, serves the
+//! fault right there (the page's lock, a frame, its fill, `UFFDIO_MOVE`:
+//! [`super::resolve`], as a worker would) and returns, and the access
+//! retries. A SIGBUS that is not such a fault (a poisoned page, a file
+//! mapping past its end, an address no manager holds) goes on to the
+//! action installed before faultline's.
+//!
+//! Why the handler may take locks and allocate: the signal is synchronous,
+//! raised by an access to region memory, and no code holding a faultline
+//! lock or inside `malloc` touches region memory (workers never do; the
+//! API's copies take no lock). A store that reads another faultline region
+//! faults inside the handler (`SA_NODEFER`): if that page's lock is the
+//! thread's own (a hashed lock it holds), the nested fault is served under
+//! it. `errno` is kept across the handler.
+//!
+//! The registry: a fixed table of slots, each holding a leaked
+//! `Arc<Core>` and a count of handlers using it. A handler counts itself
+//! in, then loads the pointer; unregistering clears the pointer, then
+//! waits for the count to drain before releasing the `Arc` (both sides
+//! SeqCst: whichever comes first in the single order, the other sees it).
+//! No locks of its own.
+
+use super::resolve::{resolve, Fault};
+use super::Resolution;
+use crate::config::PageSize;
+use crate::core::Core;
+use crate::stats::Stats;
+use faultline_sys::signal::{self, BusInfo, SavedErrno};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// In-thread managers per process at once.
+const SLOTS: usize = 64;
+
+struct Slot {
+    core: AtomicPtr<Core>,
+    users: AtomicUsize,
+}
+
+static SLOTS_TABLE: [Slot; SLOTS] = [const {
+    Slot {
+        core: AtomicPtr::new(std::ptr::null_mut()),
+        users: AtomicUsize::new(0),
+    }
+}; SLOTS];
+
+/// A manager's place in the registry; unregisters on drop.
+#[derive(Debug)]
+pub(crate) struct Registration(usize);
+
+/// Installs the handler (once per process) and registers `core`.
+///
+/// # Errors
+/// The `sigaction` error, or `ENOSPC` when [`SLOTS`] in-thread managers
+/// exist already.
+pub(crate) fn register(core: &Arc<Core>) -> Result<Registration, faultline_sys::SysError> {
+    signal::install_sigbus(on_sigbus)?;
+    let raw = Arc::into_raw(Arc::clone(core)).cast_mut();
+    for (i, slot) in SLOTS_TABLE.iter().enumerate() {
+        // SeqCst: see the module doc.
+        if slot
+            .core
+            .compare_exchange(std::ptr::null_mut(), raw, SeqCst, SeqCst)
+            .is_ok()
+        {
+            return Ok(Registration(i));
+        }
+    }
+    // SAFETY: `raw` came from `Arc::into_raw` above and was not published.
+    drop(unsafe { Arc::from_raw(raw) });
+    Err(faultline_sys::SysError {
+        op: "register an in-thread manager",
+        addr: 0,
+        len: SLOTS,
+        errno: libc::ENOSPC,
+    })
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let slot = &SLOTS_TABLE[self.0];
+        // SeqCst: see the module doc; after this, no new handler uses it.
+        let raw = slot.core.swap(std::ptr::null_mut(), SeqCst);
+        while slot.users.load(SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        if !raw.is_null() {
+            // SAFETY: `raw` came from `Arc::into_raw` in `register`, and no
+            // handler holds it any more (the count drained).
+            drop(unsafe { Arc::from_raw(raw) });
+        }
+    }
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let _errno = SavedErrno::save();
+    // SAFETY: the kernel's siginfo for this SA_SIGINFO handler.
+    let bus = unsafe { BusInfo::read(info) };
+    // Nothing may unwind out of a signal handler.
+    let served = bus.is_missing_page()
+        && std::panic::catch_unwind(|| serve_any(bus.addr)).unwrap_or(false);
+    if !served {
+        // SAFETY: called from the SIGBUS handler with its arguments.
+        unsafe { signal::pass_on(sig, info, ctx) };
+    }
+}
+
+/// Serves a fault at `addr` if a registered manager holds it.
+fn serve_any(addr: usize) -> bool {
+    SLOTS_TABLE.iter().any(|slot| {
+        slot.users.fetch_add(1, SeqCst);
+        let raw = slot.core.load(SeqCst);
+        // SAFETY: a non-null pointer loaded after counting ourselves in is
+        // a live `Arc<Core>` until the count drops (see the module doc).
+        let served = !raw.is_null() && serve(unsafe { &*raw }, addr);
+        slot.users.fetch_sub(1, SeqCst);
+        served
+    })
+}
+
+/// Serves the fault at `addr` in this thread, if `core` has a region
+/// there: false if it has none.
+fn serve(core: &Core, addr: usize) -> bool {
+    let Some(region) = core.table.lookup(addr) else {
+        return false;
+    };
+    let page = region.page_of(addr);
+    if region.state(page) == crate::region::PageState::Poisoned {
+        // The retried access of a fault that was refused: the kernel
+        // reports its poison marker as a missing page too, so the state
+        // tells. The thread gets the SIGBUS (worker mode retries the store
+        // only once the program drops the marker, which here cannot be
+        // told apart; `Region::discard` clears it).
+        return false;
+    }
+    Stats::bump(match region.page_size {
+        PageSize::Base4K => &core.stats.faults_4k,
+        PageSize::Huge2M => &core.stats.faults_2m,
+    });
+    let t0 = Instant::now();
+    let me = crate::locks::this_thread();
+    let (domain, key) = region.lock_key(page);
+    let idx = core.locks.index(domain, key);
+    let _serving = (!region.store.is_zero()).then(|| core.nesting.enter_serving());
+    // None: the lock is this thread's own (a store read that faulted on a
+    // page whose hashed lock the outer fault holds).
+    let guard = core
+        .locks
+        .lock_index_unless(idx, Duration::from_millis(10), |owner| owner == me);
+    let how = Fault {
+        addr,
+        attempt: u32::from(guard.is_none()),
+        lent: guard.is_none(),
+        nested: core.nesting.is_lending(me),
+    };
+    let res = resolve(core, &region, page, &how);
+    drop(guard);
+    match res {
+        Resolution::Moved => Stats::bump(&core.stats.moves),
+        Resolution::AlreadyMapped => Stats::bump(&core.stats.already_mapped),
+        // Being torn down: let the teardown run before the access retries.
+        Resolution::Dying => std::thread::yield_now(),
+        Resolution::Poisoned | Resolution::Stray | Resolution::Retry => {}
+    }
+    core.stats
+        .record_service(core.config.workers, t0.elapsed().as_nanos() as u64);
+    true
+}

@@ -1,0 +1,156 @@
+//! Faults served in the faulting thread (`FaultMode::InThread`) on real
+//! faults: zero and file regions from several threads against an oracle,
+//! under a budget smaller than the data (reclaim and write-back run beside
+//! the in-thread faults); the kernel's own accesses get `EFAULT` until the
+//! range is prefetched; an unservable fault still ends in SIGBUS, and a
+//! SIGBUS that is not faultline's goes on to the previous action. Needs
+//! userfaultfd with `UFFD_FEATURE_SIGBUS` (root); fails with the reason
+//! otherwise.
+
+use faultline::store::{File, FileOptions, Zero};
+use faultline::{FaultMode, MapOptions, PageSize};
+
+mod common;
+use common::{byte, kernel_read, rng, set_byte, ScratchDir, MIB};
+
+const PAGE: usize = 4096;
+
+fn manager(budget: usize) -> faultline::Manager {
+    let mut c = common::config(budget);
+    c.fault_mode = FaultMode::InThread;
+    common::manager_with(c)
+}
+
+#[test]
+fn zero_regions_from_two_threads() {
+    let mm = manager(16 * MIB);
+    for size in [PageSize::Base4K, PageSize::Huge2M] {
+        let r = mm
+            .map(8 * MIB, Zero, MapOptions::new().page_size(size))
+            .expect("map");
+        std::thread::scope(|s| {
+            for t in 0..2usize {
+                let r = &r;
+                s.spawn(move || {
+                    for p in (t..8 * MIB / PAGE).step_by(2) {
+                        assert_eq!(byte(r, p * PAGE + 3), 0, "fresh page {p}");
+                        set_byte(r, p * PAGE + 3, p as u8 | 1);
+                    }
+                });
+            }
+        });
+        for p in 0..8 * MIB / PAGE {
+            assert_eq!(byte(&r, p * PAGE + 3), p as u8 | 1, "page {p}");
+        }
+    }
+    let st = mm.stats();
+    assert!(st.faults_4k + st.faults_2m > 0, "{st}");
+    assert!(mm.take_error().is_none());
+}
+
+#[test]
+fn a_file_four_times_the_budget_reads_and_writes_back_every_word() {
+    let dir = ScratchDir::new("in-thread-file");
+    let len = 32 * MIB;
+    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(29) ^ (i >> 12) as u8).collect();
+    let path = dir.file("data", &data);
+    let mm = manager(8 * MIB);
+    let r = mm
+        .map(len, File::open(&path, FileOptions::new().writable(true)).expect("open"), MapOptions::new())
+        .expect("map");
+    let pages = len / PAGE;
+    // Each thread owns the pages p % 2 == t: its oracle is exact.
+    let written: Vec<Vec<(usize, u8)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2usize)
+            .map(|t| {
+                let (r, data) = (&r, &data);
+                s.spawn(move || {
+                    let mut next = rng(t as u64 + 7);
+                    let mut mine = std::collections::HashMap::new();
+                    for _ in 0..20_000 {
+                        let p = (next() as usize % (pages / 2)) * 2 + t;
+                        let off = p * PAGE + 100;
+                        let want = mine.get(&p).copied().unwrap_or(data[off]);
+                        assert_eq!(byte(r, off), want, "page {p}");
+                        if next() % 4 == 0 {
+                            let v = (next() % 250) as u8 + 1;
+                            set_byte(r, off, v);
+                            mine.insert(p, v);
+                        }
+                    }
+                    mine.into_iter().collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    r.flush().expect("flush");
+    let st = mm.stats();
+    assert!(st.evicted > 0, "the budget forced reclaim: {st}");
+    drop(r);
+    let on_disk = std::fs::read(&path).expect("read back");
+    let mut want = data;
+    for (p, v) in written.into_iter().flatten() {
+        want[p * PAGE + 100] = v;
+    }
+    assert!(on_disk == want, "the file differs from the oracle");
+    assert!(mm.take_error().is_none());
+}
+
+#[test]
+fn kernel_accesses_get_efault_until_the_range_is_prefetched() {
+    let mm = manager(8 * MIB);
+    let r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
+    let addr = r.addr() + 5 * PAGE;
+    assert_eq!(kernel_read(addr), libc::EFAULT, "a non-resident page in kernel mode");
+    r.prefetch(5 * PAGE..6 * PAGE).expect("prefetch");
+    assert_eq!(kernel_read(addr), 0, "resident after prefetch");
+    assert!(mm.take_error().is_none(), "EFAULT is not a fault error");
+}
+
+#[test]
+fn an_unservable_fault_still_ends_in_sigbus() {
+    if common::in_child() {
+        // One 2 MiB frame of budget, two 2 MiB pages touched: the second
+        // finds no frame, its page is poisoned, and the retried access gets
+        // SIGBUS (which the handler passes on: SIG_DFL kills).
+        let mm = manager(2 * MIB);
+        let r = mm
+            .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
+            .expect("map");
+        set_byte(&r, 0, 1);
+        set_byte(&r, 2 * MIB, 1);
+        println!("second touch returned: no SIGBUS");
+        std::process::exit(0);
+    }
+    assert_eq!(
+        common::child_signal("an_unservable_fault_still_ends_in_sigbus"),
+        Some(libc::SIGBUS)
+    );
+}
+
+#[test]
+fn a_sigbus_that_is_not_faultlines_goes_on() {
+    if common::in_child() {
+        // faultline's handler is installed; then a file mapping touched
+        // past the file's end raises a SIGBUS no manager holds.
+        let mm = manager(4 * MIB);
+        let r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
+        set_byte(&r, 0, 1);
+        let dir = ScratchDir::new("in-thread-foreign");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.file("short", &[1u8; 10]))
+            .expect("open");
+        let m = faultline_sys::mem::Mapping::shared_file(&f, 4 * PAGE).expect("mmap");
+        // SAFETY: inside the mapping; past the file's end: SIGBUS.
+        let v = unsafe { ((m.addr() + 2 * PAGE) as *const u8).read_volatile() };
+        println!("read {v} past the end: no SIGBUS");
+        std::process::exit(0);
+    }
+    assert_eq!(
+        common::child_signal("a_sigbus_that_is_not_faultlines_goes_on"),
+        Some(libc::SIGBUS)
+    );
+}
