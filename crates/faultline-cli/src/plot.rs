@@ -128,7 +128,7 @@ fn figure(bench: &str) -> Option<(&'static str, Vec<Panel>)> {
             vec![Panel::Bars {
                 filter: any,
                 category: &["page", "access"],
-                series: &["system"],
+                series: &["system", "mode"],
                 y: "median_us",
                 whisker: Some("p99_us"),
                 y_label: "µs per fault (bar: p50, whisker: p99)",
@@ -139,7 +139,7 @@ fn figure(bench: &str) -> Option<(&'static str, Vec<Panel>)> {
             vec![Panel::Bars {
                 filter: any,
                 category: &["pattern"],
-                series: &["system", "hint", "io"],
+                series: &["system", "hint", "io", "mode"],
                 y: "ops_per_s",
                 whisker: None,
                 y_label: "page operations per second",

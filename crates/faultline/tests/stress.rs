@@ -22,7 +22,7 @@
 //! initial value, and at the end every frame is back in the pool.
 
 use faultline::store::{FileOptions, Zero};
-use faultline::{MapOptions, MigrateError, PageSize};
+use faultline::{FaultMode, MapOptions, MigrateError, PageSize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -125,11 +125,21 @@ fn run_forker(deadline: Instant) -> u64 {
 
 #[test]
 fn stress_checksum_oracle() {
+    checksum_oracle(FaultMode::Workers);
+}
+
+#[test]
+fn stress_checksum_oracle_in_thread() {
+    checksum_oracle(FaultMode::InThread);
+}
+
+fn checksum_oracle(mode: FaultMode) {
     let secs = secs();
     let seed = seed();
     // Pool 0 plus a tier the shared regions migrate to and from meanwhile.
     let mm = common::manager_with({
         let mut c = common::config(128 * MIB);
+        c.fault_mode = mode;
         c.experiment.fault_locks = Some(4);
         // Free memory goes back to the kernel after 0.2 s of disuse and is
         // taken back by faults and migrations all through the run.
@@ -331,6 +341,15 @@ fn stress_checksum_oracle() {
 /// manager, must match the oracle byte for byte.
 #[test]
 fn stress_store_backed_oracle() {
+    store_backed_oracle(FaultMode::Workers);
+}
+
+#[test]
+fn stress_store_backed_oracle_in_thread() {
+    store_backed_oracle(FaultMode::InThread);
+}
+
+fn store_backed_oracle(mode: FaultMode) {
     let secs = secs();
     let seed = seed();
     let dir = ScratchDir::new("stress-file");
@@ -347,6 +366,7 @@ fn stress_store_backed_oracle() {
     let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = {
         let mm = common::manager_with({
             let mut c = common::config(16 * MIB);
+            c.fault_mode = mode;
             c.experiment.fault_locks = Some(8);
             c.with_tier(8 * MIB)
         });

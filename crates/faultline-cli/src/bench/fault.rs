@@ -10,12 +10,14 @@
 //!   is slow on this VM, and that is not what is measured);
 //! - faultline: a region on a manager whose pool was dirtied by an untimed
 //!   warm-up round, so every fault clears its frame (the steady state; the
-//!   pre-zeroed case is the clear-order benchmark's).
+//!   pre-zeroed case is the clear-order benchmark's). Twice: a manager whose
+//!   workers serve the faults (`mode` `workers`, the default), and one whose
+//!   faulting threads serve their own in the SIGBUS handler (`in-thread`).
 
 use super::{progress, rng, BenchOpts};
 use crate::report::{Report, Summary};
 use faultline::store::Zero;
-use faultline::{Manager, ManagerBuilder, MapOptions, PageSize};
+use faultline::{FaultMode, Manager, ManagerBuilder, MapOptions, PageSize};
 use faultline_sys::mem::{Advice, Mapping};
 use serde_json::json;
 use std::time::Instant;
@@ -120,10 +122,14 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let mut config = opts.config();
     config.budget = budget;
     let mm = ManagerBuilder::from_config(config.clone()).build()?;
+    let mut in_thread = config.clone();
+    in_thread.fault_mode = FaultMode::InThread;
+    let mm_in = ManagerBuilder::from_config(in_thread).build()?;
     let mut report = Report::new(
         "fault",
         vec![
             "system",
+            "mode",
             "page",
             "access",
             "touches",
@@ -149,26 +155,34 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
             PageSize::Huge2M => (n2m, n2m),
         };
         // Warm-up: dirties the pool's frames so every timed fault clears one.
-        faultline_round(&mm, page, access, pages, &order(pages, count, 99), None)?;
+        for m in [&mm, &mm_in] {
+            faultline_round(m, page, access, pages, &order(pages, count, 99), None)?;
+        }
         bar.inc(1);
-        let (mut k, mut f) = (Vec::new(), Vec::new());
+        let (mut k, mut f, mut fi) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             let idx = order(pages, count, (ci * 1000 + round) as u64 + 1);
             kernel_round(page, access, pages, &idx, &mut k)?;
             faultline_round(&mm, page, access, pages, &idx, Some(&mut f))?;
+            faultline_round(&mm_in, page, access, pages, &idx, Some(&mut fi))?;
             bar.inc(1);
         }
         let ks = Summary::of(&mut k);
-        let fs = Summary::of(&mut f);
-        for (system, s) in [("kernel", ks), ("faultline", fs)] {
+        let rows = [
+            ("kernel", "-", ks),
+            ("faultline", "workers", Summary::of(&mut f)),
+            ("faultline", "in-thread", Summary::of(&mut fi)),
+        ];
+        for (system, mode, s) in rows {
             let ratio = s.median / ks.median;
             report.rows.push(json!({
-                "system": system, "page": page.name(), "access": access.name(),
+                "system": system, "mode": mode, "page": page.name(), "access": access.name(),
                 "median_us": s.median, "p99_us": s.p99, "p10_us": s.p10, "p90_us": s.p90,
                 "touches": s.n, "vs_kernel": ratio,
             }));
             report.table.push(vec![
                 system.into(),
+                mode.into(),
                 page.name().into(),
                 access.name().into(),
                 s.n.to_string(),

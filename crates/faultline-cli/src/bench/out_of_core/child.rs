@@ -10,7 +10,7 @@
 use crate::bench::rng;
 use anyhow::bail;
 use faultline::store::{File, FileOptions, Redis, RedisCluster, RedisOptions};
-use faultline::{Config, ManagerBuilder, MapOptions};
+use faultline::{Config, FaultMode, ManagerBuilder, MapOptions};
 use faultline::{Manager, Store};
 use faultline_sys::mem::Advice;
 use serde_json::json;
@@ -45,6 +45,9 @@ pub struct ChildArgs {
     /// `buffered` I/O between the file and the frames.
     #[arg(long, default_value = "direct")]
     pub io: String,
+    /// Who serves faultline's faults: `workers` (default) or `in-thread`.
+    #[arg(long, default_value = "workers")]
+    pub mode: String,
     /// Redis URL (`redis`) or comma-separated node URLs (`redis-cluster`).
     #[arg(long, default_value = "")]
     pub url: String,
@@ -138,13 +141,19 @@ fn fill(base: usize, len: usize) {
     }
 }
 
-/// A faultline manager with the budget, 4 KiB pages only.
-fn manager(budget: usize) -> anyhow::Result<Manager> {
+/// A faultline manager with the budget, 4 KiB pages only, faults served
+/// as `mode` says.
+fn manager(budget: usize, mode: &str) -> anyhow::Result<Manager> {
     // 4 KiB pages only: the whole budget as a small-page zone (no THP
     // splits on the way; docs/design.md measures both).
     let mut config = Config::default();
     config.budget = budget;
     config.small_zone_pct = SMALL_ZONE_PCT;
+    config.fault_mode = match mode {
+        "workers" => FaultMode::Workers,
+        "in-thread" => FaultMode::InThread,
+        other => bail!("--mode {other}: workers or in-thread"),
+    };
     Ok(ManagerBuilder::from_config(config).build()?)
 }
 
@@ -169,7 +178,7 @@ fn faultline_side(
     store: impl Store + 'static,
     set: Set,
 ) -> anyhow::Result<(f64, f64, f64)> {
-    let mm = manager(a.budget)?;
+    let mm = manager(a.budget, &a.mode)?;
     let r = mm.map(len, store, MapOptions::new())?;
     if set != Set::AsIs {
         fill(r.addr(), len);

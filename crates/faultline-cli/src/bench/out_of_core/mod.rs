@@ -156,6 +156,8 @@ impl Setup {
                 m.hint,
                 "--io",
                 m.io,
+                "--mode",
+                m.mode,
                 "--file",
                 &file,
                 "--pattern",
@@ -178,11 +180,12 @@ impl Setup {
 }
 
 /// One side of a pattern: the kernel's mmap with a hint, or faultline with
-/// an I/O mode.
+/// an I/O mode and a fault mode.
 struct Side {
     system: &'static str,
     hint: &'static str,
     io: &'static str,
+    mode: &'static str,
 }
 
 /// One row: which side, and what it measured.
@@ -195,9 +198,14 @@ struct Measured {
 /// Adds a mmap row; ratios against the unhinted and the best kernel row.
 fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_best: f64) {
     let (vs, vs_best) = (m.ops / k_none, m.ops / k_best);
-    let Side { system, hint, io } = m.side;
+    let Side {
+        system,
+        hint,
+        io,
+        mode,
+    } = m.side;
     report.rows.push(
-        json!({"system": system, "hint": hint, "io": io, "pattern": pattern,
+        json!({"system": system, "hint": hint, "io": io, "mode": mode, "pattern": pattern,
         "threads": THREADS, "ops_per_s": m.ops, "max_rss_mib": m.rss,
         "vs_kernel": vs, "vs_kernel_best": vs_best}),
     );
@@ -205,6 +213,7 @@ fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_bes
         system.into(),
         hint.into(),
         io.into(),
+        mode.into(),
         pattern.into(),
         THREADS.to_string(),
         format!("{:.0}", m.ops),
@@ -218,7 +227,7 @@ fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_bes
 /// Adds a device row (`threads` holds the queue depth).
 fn push_device(report: &mut Report, d: &DeviceRow) {
     report.rows.push(
-        json!({"system": "device", "hint": "-", "io": "o_direct", "pattern": d.pattern,
+        json!({"system": "device", "hint": "-", "io": "o_direct", "mode": "-", "pattern": d.pattern,
         "io": d.io, "queue_depth": d.queue_depth, "ops_per_s": d.pages_per_s,
         "mib_per_s": d.mib_per_s}),
     );
@@ -226,6 +235,7 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
         "device".into(),
         "-".into(),
         "o_direct".into(),
+        "-".into(),
         d.pattern.into(),
         format!("qd {}", d.queue_depth),
         format!("{:.0}", d.pages_per_s),
@@ -237,7 +247,8 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
 }
 
 /// The runs of one pattern: kernel unhinted, kernel hinted, faultline with
-/// direct I/O (its default) and with buffered I/O.
+/// direct I/O (its default) and with buffered I/O, served by workers (the
+/// default), and with direct I/O served in the faulting thread.
 fn run_pattern(
     s: &Setup,
     report: &mut Report,
@@ -251,7 +262,20 @@ fn run_pattern(
     };
     let mut rows = Vec::new();
     for side in sides(hint) {
-        let (ops, rss) = s.run_child(&side, pattern)?;
+        let (ops, rss) = match s.run_child(&side, pattern) {
+            Ok(v) => v,
+            // A faultline side that dies (its cgroup's OOM killer, when
+            // its memory outgrows the limit) is a finding: a row of 0 and
+            // a note. A kernel side that dies breaks the comparison.
+            Err(e) if side.system == "faultline" => {
+                report.notes.push(format!(
+                    "faultline io {} mode {} {pattern}: the child failed, ops_per_s 0: {e:#}",
+                    side.io, side.mode
+                ));
+                (0.0, 0.0)
+            }
+            Err(e) => return Err(e),
+        };
         bar.inc(1);
         rows.push(Measured { side, ops, rss });
     }
@@ -265,13 +289,19 @@ fn run_pattern(
 
 /// The sides of a pattern whose kernel hint is `hint`; the two kernel rows
 /// first.
-fn sides(hint: &'static str) -> [Side; 4] {
-    let side = |system, hint, io| Side { system, hint, io };
+fn sides(hint: &'static str) -> [Side; 5] {
+    let side = |system, hint, io, mode| Side {
+        system,
+        hint,
+        io,
+        mode,
+    };
     [
-        side("kernel", "none", "mmap"),
-        side("kernel", hint, "mmap"),
-        side("faultline", "-", "direct"),
-        side("faultline", "-", "buffered"),
+        side("kernel", "none", "mmap", "-"),
+        side("kernel", hint, "mmap", "-"),
+        side("faultline", "-", "direct", "workers"),
+        side("faultline", "-", "buffered", "workers"),
+        side("faultline", "-", "direct", "in-thread"),
     ]
 }
 
@@ -294,6 +324,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
             "system",
             "hint",
             "io",
+            "mode",
             "pattern",
             "threads",
             "ops_per_s",
@@ -307,7 +338,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
         "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
         "ops_per_thread": s.ops, "threads": THREADS, "time_cap_s": s.secs});
     let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
-    let bar = progress((patterns.len() * 4) as u64, "out-of-core");
+    let bar = progress((patterns.len() * 5) as u64, "out-of-core");
     let result = (|| -> anyhow::Result<()> {
         run_device(&s, &mut report)?;
         for pattern in patterns {
@@ -335,7 +366,8 @@ fn notes(s: &Setup, report: &mut Report) {
     ));
     report.notes.push(
         "faultline rows: a 4 KiB region over the file, pages moved between file and frames with O_DIRECT \
-         (io direct, the default) or through the page cache (io buffered). \
+         (io direct, the default) or through the page cache (io buffered); faults served by workers (mode workers, \
+         the default) or in the faulting thread (mode in-thread). \
          kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
          gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
          kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern."
