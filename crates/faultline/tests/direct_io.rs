@@ -73,7 +73,12 @@ fn cached_pages(path: &std::path::Path) -> usize {
 fn check_all(r: &Region<faultline::ReadOnly>, data: &[u8]) {
     for p in (0..r.len()).step_by(PAGE) {
         assert_eq!(byte(r, p), data[p], "page {}", p / PAGE);
-        assert_eq!(byte(r, p + PAGE - 1), data[p + PAGE - 1], "page {}", p / PAGE);
+        assert_eq!(
+            byte(r, p + PAGE - 1),
+            data[p + PAGE - 1],
+            "page {}",
+            p / PAGE
+        );
     }
 }
 
@@ -130,7 +135,11 @@ fn unaligned_offsets_and_file_tails_fall_back_to_buffered_io() {
     set_byte(&r, 4 * PAGE - 1, 0xa2);
     r.flush().expect("flush");
     let on_disk = std::fs::read(&path).expect("read back");
-    assert_eq!(on_disk.len(), 100 + 4 * PAGE, "the last page extended the file");
+    assert_eq!(
+        on_disk.len(),
+        100 + 4 * PAGE,
+        "the last page extended the file"
+    );
     assert_eq!(on_disk[107], 0xa1);
     assert_eq!(on_disk[100 + 4 * PAGE - 1], 0xa2);
     assert_eq!(on_disk[..100], data[..100], "the header is untouched");
@@ -164,7 +173,10 @@ fn direct_write_back_reaches_the_file_and_the_tail_page_extends_it() {
     assert_eq!(on_disk.len(), pages * PAGE);
     for p in 0..pages {
         assert_eq!(on_disk[p * PAGE + 11], p as u8 ^ 0x5a, "page {p}");
-        assert_eq!(on_disk[p * PAGE + 12], data.get(p * PAGE + 12).copied().unwrap_or(0));
+        assert_eq!(
+            on_disk[p * PAGE + 12],
+            data.get(p * PAGE + 12).copied().unwrap_or(0)
+        );
     }
     drop(r);
     assert!(mm.take_error().is_none());

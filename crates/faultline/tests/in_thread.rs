@@ -52,11 +52,17 @@ fn zero_regions_from_two_threads() {
 fn a_file_four_times_the_budget_reads_and_writes_back_every_word() {
     let dir = ScratchDir::new("in-thread-file");
     let len = 32 * MIB;
-    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(29) ^ (i >> 12) as u8).collect();
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(29) ^ (i >> 12) as u8)
+        .collect();
     let path = dir.file("data", &data);
     let mm = manager(8 * MIB);
     let r = mm
-        .map(len, File::open(&path, FileOptions::new().writable(true)).expect("open"), MapOptions::new())
+        .map(
+            len,
+            File::open(&path, FileOptions::new().writable(true)).expect("open"),
+            MapOptions::new(),
+        )
         .expect("map");
     let pages = len / PAGE;
     // Each thread owns the pages p % 2 == t: its oracle is exact.
@@ -102,7 +108,11 @@ fn kernel_accesses_get_efault_until_the_range_is_prefetched() {
     let mm = manager(8 * MIB);
     let r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
     let addr = r.addr() + 5 * PAGE;
-    assert_eq!(kernel_read(addr), libc::EFAULT, "a non-resident page in kernel mode");
+    assert_eq!(
+        kernel_read(addr),
+        libc::EFAULT,
+        "a non-resident page in kernel mode"
+    );
     r.prefetch(5 * PAGE..6 * PAGE).expect("prefetch");
     assert_eq!(kernel_read(addr), 0, "resident after prefetch");
     assert!(mm.take_error().is_none(), "EFAULT is not a fault error");

@@ -379,7 +379,7 @@ fn store_backed_oracle(mode: FaultMode) {
                     &paths[i],
                     FileOptions::new().writable(true).direct(i == 0),
                 )
-                    .expect("open"),
+                .expect("open"),
                 MapOptions::new().page_size(size),
             )
             .expect("map")
@@ -456,7 +456,7 @@ fn store_backed_oracle(mode: FaultMode) {
                                     &f,
                                     FileOptions::new().writable(true).direct(n % 2 == 0),
                                 )
-                                    .expect("open"),
+                                .expect("open"),
                                 MapOptions::new(),
                             )
                             .expect("map");

@@ -12,9 +12,9 @@ mod experiment;
 mod map_options;
 
 pub use experiment::{CopyMethod, Experiment, FillOrder, LockMode, LookupCache};
+use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 pub(crate) use map_options::Fixed;
 pub use map_options::MapOptions;
-use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 
 /// Size of the pages of one region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -101,8 +101,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel's siginfo for this SA_SIGINFO handler.
     let bus = unsafe { BusInfo::read(info) };
     // Nothing may unwind out of a signal handler.
-    let served = bus.is_missing_page()
-        && std::panic::catch_unwind(|| serve_any(bus.addr)).unwrap_or(false);
+    let served =
+        bus.is_missing_page() && std::panic::catch_unwind(|| serve_any(bus.addr)).unwrap_or(false);
     if !served {
         // SAFETY: called from the SIGBUS handler with its arguments.
         unsafe { signal::pass_on(sig, info, ctx) };

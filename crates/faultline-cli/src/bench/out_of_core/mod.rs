@@ -5,8 +5,11 @@
 //! the hint a user who knows the pattern gives (`MADV_RANDOM` for the random
 //! patterns, `MADV_SEQUENTIAL` for the sequential ones) — each run in a
 //! child process inside a memory cgroup (v1) with the same limit, page cache
-//! dropped before every run. `vs_kernel` is against the unhinted kernel
-//! row, `vs_kernel_best` against the faster kernel row of the same pattern.
+//! dropped before every run. faultline runs three ways: direct I/O served
+//! by workers (its defaults), buffered I/O served by workers, and direct
+//! I/O served in the faulting thread (`io`, `mode`). `vs_kernel` is against
+//! the unhinted kernel row, `vs_kernel_best` against the faster kernel row
+//! of the same pattern.
 //! The device's own limit (`O_DIRECT` reads of the file, see `device`) is
 //! measured in the same run.
 //!
