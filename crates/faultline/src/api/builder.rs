@@ -131,7 +131,7 @@ impl ManagerBuilder {
         let mut required = Features::MOVE
             .with(Features::POISON)
             .with(Features::EVENT_UNMAP);
-        if config.fault_mode == crate::FaultMode::InThread {
+        if config.fault_mode == crate::config::FaultMode::InThread {
             required = required.with(Features::SIGBUS);
         }
         let uffd = Uffd::open(required, Features::THREAD_ID)?;

@@ -34,7 +34,7 @@ pub(crate) struct Service {
     shutdown: EventFd,
     threads: Vec<JoinHandle<()>>,
     /// The manager's place in the SIGBUS handler's registry
-    /// ([`crate::FaultMode::InThread`]).
+    /// ([`crate::config::FaultMode::InThread`]).
     in_thread: Option<Registration>,
 }
 
@@ -54,8 +54,8 @@ impl Service {
             .map(|_| Waiter::new(&core.uffd, &others, wake_one))
             .collect::<Result<Vec<_>, _>>()?;
         let in_thread = match core.config.fault_mode {
-            crate::FaultMode::InThread => Some(inthread::register(&core)?),
-            crate::FaultMode::Workers => None,
+            crate::config::FaultMode::InThread => Some(inthread::register(&core)?),
+            crate::config::FaultMode::Workers => None,
         };
         let mut service = Service {
             core,
