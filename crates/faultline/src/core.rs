@@ -92,6 +92,8 @@ pub(crate) struct Core {
     pub(crate) deferred: Mutex<VecDeque<Queued>>,
     /// Signalled when `deferred` gets events.
     pub(crate) deferred_fd: EventFd,
+    /// Read-ahead windows offered to idle workers (`fault::ahead`).
+    pub(crate) ahead: Mutex<VecDeque<Ahead>>,
     /// Kernel thread ids of the workers (a fault from one is a bug).
     pub(crate) worker_tids: Mutex<Vec<u32>>,
     /// Zeroed 2 MiB frames ready for faults (filled by the zeroing worker).
@@ -114,6 +116,15 @@ pub(crate) struct Core {
     pub(crate) copy_jobs: Mutex<Vec<Arc<CopyJob>>>,
     /// Number of offered copies; workers look at the list only when > 0.
     pub(crate) copy_pending: AtomicUsize,
+}
+
+/// A read-ahead window offered to the workers (`fault::ahead`): its first
+/// page's address, and its region's id (the address may be another
+/// region's by the time a worker looks).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ahead {
+    pub(crate) addr: usize,
+    pub(crate) region: u64,
 }
 
 impl Core {
@@ -145,6 +156,7 @@ impl Core {
             next_id: AtomicU64::new(1),
             deferred: Mutex::new(VecDeque::new()),
             deferred_fd,
+            ahead: Mutex::new(VecDeque::new()),
             worker_tids: Mutex::new(Vec::new()),
             reserve: Mutex::new(Vec::new()),
             reserve_cv: parking_lot::Condvar::new(),

@@ -176,6 +176,37 @@ fn sequential_reads_read_ahead() {
 }
 
 #[test]
+fn the_next_window_is_mapped_before_the_stream_reaches_it() {
+    for mode in [faultline::FaultMode::Workers, faultline::FaultMode::InThread] {
+        let mut c = common::config(64 * MIB);
+        c.fault_mode = mode;
+        let mm = common::manager_with(c);
+        let (r, data, path, _dir) = read_only_region(&mm, "ahead", 4 * MIB, 13);
+        // Page 0 starts a stream and page 1 continues it: a window of 4,
+        // pages 1..5 read at once, and 5..13 offered to the workers.
+        assert_eq!(byte(&r, 3), data[3]);
+        assert_eq!(byte(&r, 4096 + 3), data[4096 + 3]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while r.is_resident(r.addr() + 12 * 4096) != Ok(true) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{mode:?}: the window after the stream's run was not mapped ahead: {}",
+                mm.stats()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let faults = mm.stats().faults();
+        for p in 5..13 {
+            assert_eq!(byte(&r, p * 4096 + 3), data[p * 4096 + 3], "page {p}");
+        }
+        assert_eq!(mm.stats().faults(), faults, "{mode:?}: the window mapped ahead faulted");
+        assert!(mm.take_error().is_none());
+        drop(r);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+#[test]
 fn prefetch_maps_a_range_without_faults() {
     let mm = manager();
     let (r, data, path, _dir) = read_only_region(&mm, "prefetch", 4 * MIB, 21);

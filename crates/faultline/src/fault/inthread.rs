@@ -156,6 +156,7 @@ fn serve(core: &Core, addr: usize) -> bool {
         attempt: u32::from(guard.is_none()),
         lent: guard.is_none(),
         nested: core.nesting.is_lending(me),
+        ahead: false,
     };
     let res = resolve(core, &region, page, &how);
     drop(guard);

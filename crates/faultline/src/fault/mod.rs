@@ -31,6 +31,7 @@
 //! Errors of the fault path are [`crate::FaultError`] values queued in the
 //! core; the faulting thread itself gets SIGBUS.
 
+pub(crate) mod ahead;
 pub(crate) mod inthread;
 mod resolve;
 pub(crate) mod service;

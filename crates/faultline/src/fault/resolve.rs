@@ -41,6 +41,11 @@ pub(crate) struct Fault {
     /// never poisoned — a SIGBUS there would kill the process — but woken to
     /// retry, with the cause queued.
     pub(crate) nested: bool,
+    /// A read-ahead window mapped ahead of its stream ([`super::ahead`]):
+    /// nobody waits for it, so a failure is dropped (the page stays absent,
+    /// nothing is poisoned or queued), no frame is reclaimed for it, and it
+    /// offers no window of its own.
+    pub(crate) ahead: bool,
 }
 
 impl Fault {
@@ -51,6 +56,7 @@ impl Fault {
             attempt: 0,
             lent: false,
             nested: false,
+            ahead: false,
         }
     }
 }
@@ -100,7 +106,13 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
         core.alloc.free(u.frame);
         return poison(core, region, page, e, how);
     }
-    map_in(core, region, page, u, how)
+    let offer = u.offer;
+    let res = map_in(core, region, page, u, how);
+    if let (Resolution::Moved, Some(next)) = (res, offer) {
+        // Read while the program works through the run just mapped.
+        super::ahead::offer(core, region, next);
+    }
+    res
 }
 
 /// Fills the unit's frame (zeros in the configured order, or the store's
@@ -398,6 +410,9 @@ fn poison_hole(
     cause: FaultError,
     how: &Fault,
 ) -> Resolution {
+    if how.ahead {
+        return Resolution::Retry;
+    }
     if how.nested {
         return retry_later(core, region, page, cause);
     }
@@ -418,6 +433,9 @@ fn poison(
     cause: FaultError,
     how: &Fault,
 ) -> Resolution {
+    if how.ahead {
+        return Resolution::Retry;
+    }
     if how.nested {
         return retry_later(core, region, page, cause);
     }

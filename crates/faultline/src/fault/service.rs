@@ -44,8 +44,13 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
             Turn::Handled(_) => last_event = Instant::now(),
             Turn::Failed => {}
             Turn::Idle => {
-                // Idle: take a piece of an offered migration copy, then look
-                // at the userfaultfd again before the next one.
+                // Idle: map a read-ahead window ahead of its stream, or take
+                // a piece of an offered migration copy, then look at the
+                // userfaultfd again before the next one.
+                if let Some(a) = super::ahead::next(&core) {
+                    super::ahead::serve(&core, worker, a);
+                    continue;
+                }
                 if crate::migrate::help(&core, worker) {
                     continue;
                 }
@@ -198,6 +203,7 @@ pub(crate) fn handle(
         attempt: u32::from(lent),
         lent,
         nested,
+        ahead: false,
     };
     let res = {
         // A store call may block (or fault on another region): while every

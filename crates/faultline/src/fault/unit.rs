@@ -28,6 +28,9 @@ pub(super) struct Unit {
     pub(super) first: usize,
     pub(super) count: usize,
     pub(super) frame: Frame,
+    /// The first page of the window to offer the workers once this unit
+    /// is mapped ([`super::ahead`]): a sequential stream's next window.
+    pub(super) offer: Option<usize>,
 }
 
 /// Chooses the unit for a fault on `page` and takes its frame (reclaiming
@@ -42,11 +45,15 @@ pub(super) fn take<'a>(
     guards: &mut Vec<FaultGuard<'a>>,
 ) -> Option<Unit> {
     let attempt = how.attempt;
-    let (first, count) = match fault_around(core, region, page, attempt) {
-        Some(w) => w,
-        None if attempt == 0 => readahead(core, region, page, guards),
-        None => (page, 1),
+    let (first, count, stream) = match fault_around(core, region, page, attempt) {
+        Some((first, count)) => (first, count, false),
+        None if attempt == 0 => readahead(core, region, page, how, guards),
+        None => (page, 1, false),
     };
+    if how.ahead && count == 1 {
+        // Mapped ahead, but no longer a stream: not worth a frame.
+        return None;
+    }
     let order = region.page_size.order() + count.trailing_zeros() as u8;
     // The fault lock this worker holds: reclaim may step pages under it
     // (none in a lent serve: the stopped lender holds it, in the middle of
@@ -67,18 +74,25 @@ pub(super) fn take<'a>(
             .or_else(|| reclaim::alloc(core, order, held))
             .map(|f| (count, f))
     };
+    let offer = |first: usize, count: usize| {
+        let next = first + count;
+        (stream && next < region.pages()).then_some(next)
+    };
     match run {
         Some((count, frame)) => Some(Unit {
             first,
             count,
             frame,
+            offer: offer(first, count),
         }),
-        // No run that long (read-ahead, fault-around): the page alone.
-        None if count > 1 => {
+        // No run that long (read-ahead, fault-around): the page alone —
+        // unless nobody asked for it yet.
+        None if count > 1 && !how.ahead => {
             reclaim::alloc(core, region.page_size.order(), held).map(|frame| Unit {
                 first: page,
                 count: 1,
                 frame,
+                offer: offer(page, 1),
             })
         }
         None => None,
@@ -107,19 +121,22 @@ fn fault_around(
         .then(|| (w.start, w.len()))
 }
 
-/// The read-ahead run `(page, n)` for a store-backed 4 KiB region: a fault
-/// that continues a sequential stream maps the next `window` pages (those
-/// whose locks could be taken and that are absent) from one store read;
-/// the store is told to start on the window after it. Other regions: the
+/// The read-ahead run `(page, n, stream)` for a store-backed 4 KiB region:
+/// a fault that continues a sequential stream maps the next `window` pages
+/// (those whose locks could be taken and that are absent) from one store
+/// read, and the store is told to start on the window after it; `stream`:
+/// a fault (not a window mapped ahead itself) will offer that window to the
+/// workers once its run is mapped ([`super::ahead`]). Other regions: the
 /// page alone.
 fn readahead<'a>(
     core: &'a Core,
     region: &RegionInner,
     page: usize,
+    how: &Fault,
     guards: &mut Vec<FaultGuard<'a>>,
-) -> (usize, usize) {
+) -> (usize, usize, bool) {
     if region.page_size != PageSize::Base4K || region.store.is_zero() {
-        return (page, 1);
+        return (page, 1, false);
     }
     let window = region.readahead(page, core.config.readahead_max);
     let (d0, k0) = region.lock_key(page);
@@ -141,7 +158,7 @@ fn readahead<'a>(
             region.store.will_read(next as u64, ahead, PAGE_SIZE);
         }
     }
-    (page, n)
+    (page, n, window > 1 && !how.ahead)
 }
 
 /// The longest free frame run of at most `order` and more than one page,

@@ -339,9 +339,12 @@ impl RegionInner {
     }
 
     /// Notes a fault on `page` and returns the read-ahead window for it (1:
-    /// none): a fault just after a stream's last fault (within its window)
+    /// none): a fault after a stream's last fault and within its window
     /// continues that stream and doubles its window, up to `max`; any other
-    /// fault starts a new stream in the least recently continued slot.
+    /// fault starts a new stream in the least recently continued slot. (The
+    /// stream remembers the fault's page, not the window's end: a run
+    /// shorter than the window — few free frames — still leads to a fault
+    /// that continues it.)
     pub(crate) fn readahead(&self, page: usize, max: usize) -> usize {
         let mut streams = self.streams.lock();
         let hit = streams.iter().position(|&(last, win)| {
@@ -352,7 +355,7 @@ impl RegionInner {
                 let win = (streams[i].1 * 2).clamp(4, max.max(1));
                 // Most recently continued first.
                 streams[..=i].rotate_right(1);
-                streams[0] = (page + win - 1, win);
+                streams[0] = (page, win);
                 win
             }
             None => {

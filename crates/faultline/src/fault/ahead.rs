@@ -1,0 +1,77 @@
+//! Read-ahead mapped ahead of a sequential stream: a fault that continues a
+//! stream of a store-backed 4 KiB region offers the window after its own
+//! run ([`offer`]); an idle worker reads that window and moves it in
+//! ([`serve`]) before the program gets there, so a sequential reader faults
+//! once per two windows and its next window is read while it works through
+//! the current one.
+//!
+//! Speculative: a served window never poisons a page, never reclaims for
+//! its frames (a run from what is free now, or nothing), never offers a
+//! window of its own (no chain to the end of the file), and skips a page
+//! that is not absent or whose lock a thread stopped in a store call holds. The queue is bounded
+//! ([`QUEUE`]): an offer to a full queue is dropped. Locks: the queue's
+//! mutex (leaf), then the page's fault lock (waited for).
+
+use super::resolve::{resolve, Fault};
+use crate::core::{Ahead, Core};
+use crate::region::{PageState, RegionInner};
+
+/// Windows waiting for a worker, at most.
+const QUEUE: usize = 16;
+
+/// Offers the window from `page` of `region` to the workers.
+pub(super) fn offer(core: &Core, region: &RegionInner, page: usize) {
+    {
+        let mut q = core.ahead.lock();
+        if q.len() >= QUEUE {
+            return;
+        }
+        q.push_back(Ahead {
+            addr: region.page_addr(page),
+            region: region.id,
+        });
+    }
+    // Best effort: a worker that is not woken finds it at its next turn.
+    let _ = core.deferred_fd.signal();
+}
+
+/// Takes one offered window, if any.
+pub(super) fn next(core: &Core) -> Option<Ahead> {
+    core.ahead.lock().pop_front()
+}
+
+/// Reads and maps offered window `a` (see the module doc). `worker` is the
+/// serving worker's index.
+pub(super) fn serve(core: &Core, worker: usize, a: Ahead) {
+    let Some(region) = core.table.lookup(a.addr) else {
+        return;
+    };
+    if region.id != a.region || region.dying() {
+        return;
+    }
+    let page = region.page_of(a.addr);
+    let (domain, key) = region.lock_key(page);
+    // The offering fault may still hold this lock (a file region's lock
+    // covers a whole read-ahead window): wait for it, unless its holder
+    // is a thread stopped in a store call.
+    let idx = core.locks.index(domain, key);
+    let Some(guard) = core
+        .locks
+        .lock_index_unless(idx, std::time::Duration::from_millis(10), |owner| {
+            core.nesting.is_lending(owner)
+        })
+    else {
+        return;
+    };
+    if region.state(page) != PageState::Absent {
+        return;
+    }
+    let _busy = (worker < core.config.workers).then(|| core.nesting.enter_busy());
+    let _serving = core.nesting.enter_serving();
+    let how = Fault {
+        ahead: true,
+        ..Fault::at(a.addr)
+    };
+    let _ = resolve(core, &region, page, &how);
+    drop(guard);
+}
