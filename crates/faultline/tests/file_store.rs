@@ -177,7 +177,10 @@ fn sequential_reads_read_ahead() {
 
 #[test]
 fn the_next_window_is_mapped_before_the_stream_reaches_it() {
-    for mode in [faultline::FaultMode::Workers, faultline::FaultMode::InThread] {
+    for mode in [
+        faultline::FaultMode::Workers,
+        faultline::FaultMode::InThread,
+    ] {
         let mut c = common::config(64 * MIB);
         c.fault_mode = mode;
         let mm = common::manager_with(c);
@@ -199,7 +202,11 @@ fn the_next_window_is_mapped_before_the_stream_reaches_it() {
         for p in 5..13 {
             assert_eq!(byte(&r, p * 4096 + 3), data[p * 4096 + 3], "page {p}");
         }
-        assert_eq!(mm.stats().faults(), faults, "{mode:?}: the window mapped ahead faulted");
+        assert_eq!(
+            mm.stats().faults(),
+            faults,
+            "{mode:?}: the window mapped ahead faulted"
+        );
         assert!(mm.take_error().is_none());
         drop(r);
         let _ = std::fs::remove_file(&path);

@@ -5,7 +5,8 @@
 //! once per two windows and its next window is read while it works through
 //! the current one.
 //!
-//! Speculative: a served window never poisons a page, never reclaims for
+//! Speculative: a window is served only while more than a sixteenth of the
+//! pool is free, and it never poisons a page, never reclaims for
 //! its frames (a run from what is free now, or nothing), never offers a
 //! window of its own (no chain to the end of the file), and skips a page
 //! that is not absent or whose lock a thread stopped in a store call holds. The queue is bounded
@@ -14,6 +15,7 @@
 
 use super::resolve::{resolve, Fault};
 use crate::core::{Ahead, Core};
+use crate::frame::FrameAllocator;
 use crate::region::{PageState, RegionInner};
 
 /// Windows waiting for a worker, at most.
@@ -43,6 +45,12 @@ pub(super) fn next(core: &Core) -> Option<Ahead> {
 /// Reads and maps offered window `a` (see the module doc). `worker` is the
 /// serving worker's index.
 pub(super) fn serve(core: &Core, worker: usize, a: Ahead) {
+    // Pages mapped ahead of use must not starve pages that are asked for:
+    // only while more than a sixteenth of the pool is free (about the
+    // background reclaimer's low watermark, which keeps it so).
+    if core.alloc.free_hint() <= core.alloc.pages_in(0) / 16 {
+        return;
+    }
     let Some(region) = core.table.lookup(a.addr) else {
         return;
     };
@@ -55,11 +63,11 @@ pub(super) fn serve(core: &Core, worker: usize, a: Ahead) {
     // covers a whole read-ahead window): wait for it, unless its holder
     // is a thread stopped in a store call.
     let idx = core.locks.index(domain, key);
-    let Some(guard) = core
-        .locks
-        .lock_index_unless(idx, std::time::Duration::from_millis(10), |owner| {
-            core.nesting.is_lending(owner)
-        })
+    let Some(guard) =
+        core.locks
+            .lock_index_unless(idx, std::time::Duration::from_millis(10), |owner| {
+                core.nesting.is_lending(owner)
+            })
     else {
         return;
     };

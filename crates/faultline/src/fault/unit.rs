@@ -87,14 +87,13 @@ pub(super) fn take<'a>(
         }),
         // No run that long (read-ahead, fault-around): the page alone —
         // unless nobody asked for it yet.
-        None if count > 1 && !how.ahead => {
-            reclaim::alloc(core, region.page_size.order(), held).map(|frame| Unit {
+        None if count > 1 && !how.ahead => reclaim::alloc(core, region.page_size.order(), held)
+            .map(|frame| Unit {
                 first: page,
                 count: 1,
                 frame,
                 offer: offer(page, 1),
-            })
-        }
+            }),
         None => None,
     }
 }
@@ -138,7 +137,10 @@ fn readahead<'a>(
     if region.page_size != PageSize::Base4K || region.store.is_zero() {
         return (page, 1, false);
     }
-    let window = region.readahead(page, core.config.readahead_max);
+    // At most an eighth of the pool: in a small pool, a full window (and
+    // the one mapped ahead of it) would take most of the frames.
+    let pool_cap = 1usize << (core.alloc.pages_in(0) / 8).max(1).ilog2();
+    let window = region.readahead(page, core.config.readahead_max.min(pool_cap));
     let (d0, k0) = region.lock_key(page);
     let mut mine = vec![core.locks.index(d0, k0)];
     let n = region.lock_run(&core.locks, page, window, &mut mine, guards, |p| {
