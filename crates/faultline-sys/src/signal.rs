@@ -118,6 +118,29 @@ pub unsafe fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     }
 }
 
+/// Writes one line to stderr from a signal handler: `parts`, then `addr`
+/// in hex, then `rest`, from a stack buffer (512 bytes at most) with one
+/// `write(2)` (async-signal-safe; a failed write changes nothing).
+pub fn report(head: &[u8], addr: usize, rest: &[u8]) {
+    let mut buf = [0u8; 512];
+    let mut len = 0;
+    let mut push = |bytes: &[u8]| {
+        let n = bytes.len().min(buf.len() - len);
+        buf[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+    };
+    push(head);
+    let mut hex = *b"0x0000000000000000";
+    for (i, d) in hex[2..].iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[(addr >> ((15 - i) * 4)) & 0xf];
+    }
+    push(&hex);
+    push(rest);
+    push(b"\n");
+    // SAFETY: write(2) is async-signal-safe; `buf` is live for `len` bytes.
+    unsafe { libc::write(2, buf.as_ptr().cast(), len) };
+}
+
 /// Keeps the thread's `errno` across a signal handler: restored on drop
 /// (the interrupted code may be between a call and its `errno` check).
 #[derive(Debug)]

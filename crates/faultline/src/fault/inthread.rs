@@ -104,9 +104,36 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let served =
         bus.is_missing_page() && std::panic::catch_unwind(|| serve_any(bus.addr)).unwrap_or(false);
     if !served {
+        if let Some(why) = std::panic::catch_unwind(|| unserved(bus.addr))
+            .ok()
+            .flatten()
+        {
+            signal::report(b"faultline: SIGBUS at ", bus.addr, why);
+        }
         // SAFETY: called from the SIGBUS handler with its arguments.
         unsafe { signal::pass_on(sig, info, ctx) };
     }
+}
+
+/// Why a SIGBUS at `addr` that a registered manager's region holds was not
+/// served (`None`: no manager holds it, the signal is not faultline's).
+fn unserved(addr: usize) -> Option<&'static [u8]> {
+    SLOTS_TABLE.iter().find_map(|slot| {
+        slot.users.fetch_add(1, SeqCst);
+        let raw = slot.core.load(SeqCst);
+        // SAFETY: as in `serve_any`.
+        let why = (!raw.is_null())
+            .then(|| unsafe { &*raw }.table.lookup(addr))
+            .flatten()
+            .map(|r| match r.state(r.page_of(addr)) {
+                crate::region::PageState::Poisoned => {
+                    &b": a fault on a faultline region could not be served in this thread; the cause is in Manager::take_error; the signal goes on to the previous action"[..]
+                }
+                _ => &b": a faultline region's page was not served in this thread (not a missing-page fault, or the region is going away); the signal goes on to the previous action"[..],
+            });
+        slot.users.fetch_sub(1, SeqCst);
+        why
+    })
 }
 
 /// Serves a fault at `addr` if a registered manager holds it.
