@@ -9,9 +9,10 @@
 //! pool is free, and it never poisons a page, never reclaims for
 //! its frames (a run from what is free now, or nothing), never offers a
 //! window of its own (no chain to the end of the file), and skips a page
-//! that is not absent or whose lock a thread stopped in a store call holds. The queue is bounded
-//! ([`QUEUE`]): an offer to a full queue is dropped. Locks: the queue's
-//! mutex (leaf), then the page's fault lock (waited for).
+//! that is not absent or whose lock a thread stopped in a store call
+//! holds. The queue is bounded ([`QUEUE`]): an offer to a full queue is
+//! dropped. Locks: the queue's mutex (leaf), then the page's fault lock
+//! (waited for).
 
 use super::resolve::{resolve, Fault};
 use crate::core::{Ahead, Core};
@@ -63,12 +64,7 @@ pub(super) fn serve(core: &Core, worker: usize, a: Ahead) {
     // covers a whole read-ahead window): wait for it, unless its holder
     // is a thread stopped in a store call.
     let idx = core.locks.index(domain, key);
-    let Some(guard) =
-        core.locks
-            .lock_index_unless(idx, std::time::Duration::from_millis(10), |owner| {
-                core.nesting.is_lending(owner)
-            })
-    else {
+    let Some(guard) = super::service::lock_unless_lent(core, idx) else {
         return;
     };
     if region.state(page) != PageState::Absent {

@@ -25,9 +25,7 @@
 
 use super::resolve::{resolve, Fault};
 use super::Resolution;
-use crate::config::PageSize;
 use crate::core::Core;
-use crate::stats::Stats;
 use faultline_sys::signal::{self, BusInfo, SavedErrno};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -115,38 +113,38 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     }
 }
 
-/// Why a SIGBUS at `addr` that a registered manager's region holds was not
-/// served (`None`: no manager holds it, the signal is not faultline's).
-fn unserved(addr: usize) -> Option<&'static [u8]> {
+/// Runs `f` on each registered manager in turn, counted in while it runs,
+/// until it returns `Some`.
+fn find_core<T>(mut f: impl FnMut(&Core) -> Option<T>) -> Option<T> {
     SLOTS_TABLE.iter().find_map(|slot| {
         slot.users.fetch_add(1, SeqCst);
         let raw = slot.core.load(SeqCst);
-        // SAFETY: as in `serve_any`.
-        let why = (!raw.is_null())
-            .then(|| unsafe { &*raw }.table.lookup(addr))
-            .flatten()
+        // SAFETY: a non-null pointer loaded after counting ourselves in is
+        // a live `Arc<Core>` until the count drops (see the module doc).
+        let found = (!raw.is_null()).then(|| f(unsafe { &*raw })).flatten();
+        slot.users.fetch_sub(1, SeqCst);
+        found
+    })
+}
+
+/// Why a SIGBUS at `addr` that a registered manager's region holds was not
+/// served (`None`: no manager holds it, the signal is not faultline's).
+fn unserved(addr: usize) -> Option<&'static [u8]> {
+    find_core(|core| {
+        core.table
+            .lookup(addr)
             .map(|r| match r.state(r.page_of(addr)) {
                 crate::region::PageState::Poisoned => {
                     &b": a fault on a faultline region could not be served in this thread; the cause is in Manager::take_error; the signal goes on to the previous action"[..]
                 }
                 _ => &b": a faultline region's page was not served in this thread (not a missing-page fault, or the region is going away); the signal goes on to the previous action"[..],
-            });
-        slot.users.fetch_sub(1, SeqCst);
-        why
+            })
     })
 }
 
 /// Serves a fault at `addr` if a registered manager holds it.
 fn serve_any(addr: usize) -> bool {
-    SLOTS_TABLE.iter().any(|slot| {
-        slot.users.fetch_add(1, SeqCst);
-        let raw = slot.core.load(SeqCst);
-        // SAFETY: a non-null pointer loaded after counting ourselves in is
-        // a live `Arc<Core>` until the count drops (see the module doc).
-        let served = !raw.is_null() && serve(unsafe { &*raw }, addr);
-        slot.users.fetch_sub(1, SeqCst);
-        served
-    })
+    find_core(|core| serve(core, addr).then_some(())).is_some()
 }
 
 /// Serves the fault at `addr` in this thread, if `core` has a region
@@ -164,10 +162,7 @@ fn serve(core: &Core, addr: usize) -> bool {
         // told apart; `Region::discard` clears it).
         return false;
     }
-    Stats::bump(match region.page_size {
-        PageSize::Base4K => &core.stats.faults_4k,
-        PageSize::Huge2M => &core.stats.faults_2m,
-    });
+    super::service::count_fault(core, region.page_size);
     let t0 = Instant::now();
     let me = crate::locks::this_thread();
     let (domain, key) = region.lock_key(page);
@@ -187,14 +182,10 @@ fn serve(core: &Core, addr: usize) -> bool {
     };
     let res = resolve(core, &region, page, &how);
     drop(guard);
-    match res {
-        Resolution::Moved => Stats::bump(&core.stats.moves),
-        Resolution::AlreadyMapped => Stats::bump(&core.stats.already_mapped),
+    if res == Resolution::Dying {
         // Being torn down: let the teardown run before the access retries.
-        Resolution::Dying => std::thread::yield_now(),
-        Resolution::Poisoned | Resolution::Stray | Resolution::Retry => {}
+        std::thread::yield_now();
     }
-    core.stats
-        .record_service(core.config.workers, t0.elapsed().as_nanos() as u64);
+    super::service::count(core, core.config.workers, res, t0);
     true
 }

@@ -188,10 +188,7 @@ pub(crate) fn handle(
         return Resolution::Stray;
     };
     let page = region.page_of(addr);
-    Stats::bump(match region.page_size {
-        PageSize::Base4K => &core.stats.faults_4k,
-        PageSize::Huge2M => &core.stats.faults_2m,
-    });
+    count_fault(core, region.page_size);
     let (domain, key) = region.lock_key(page);
     if !region.store.is_zero() || core.locks.is_locked(domain, key) {
         defer(core, rest);
@@ -224,6 +221,13 @@ pub(crate) fn handle(
         drop(guard);
         res
     };
+    count(core, worker, res, t0);
+    res
+}
+
+/// Counts a served fault: its page size, its outcome, its service time
+/// (`worker` is the server's index in the stats).
+pub(super) fn count(core: &Core, worker: usize, res: Resolution, t0: Instant) {
     match res {
         Resolution::Moved => Stats::bump(&core.stats.moves),
         Resolution::AlreadyMapped | Resolution::Dying => Stats::bump(&core.stats.already_mapped),
@@ -231,7 +235,14 @@ pub(crate) fn handle(
     }
     core.stats
         .record_service(worker, t0.elapsed().as_nanos() as u64);
-    res
+}
+
+/// Counts a fault on `size` pages.
+pub(super) fn count_fault(core: &Core, size: PageSize) {
+    Stats::bump(match size {
+        PageSize::Base4K => &core.stats.faults_4k,
+        PageSize::Huge2M => &core.stats.faults_2m,
+    });
 }
 
 /// Records the fault address, when tracing (`Experiment::trace_faults`).
@@ -248,7 +259,7 @@ fn trace(core: &Core, addr: usize) {
 /// Takes fault lock `idx`, unless its holder is a thread stopped inside a
 /// store call (a lender): waiting for it could wait for the very fault
 /// this server would serve next. Checked every 10 ms of waiting.
-fn lock_unless_lent(core: &Core, idx: usize) -> Option<FaultGuard<'_>> {
+pub(super) fn lock_unless_lent(core: &Core, idx: usize) -> Option<FaultGuard<'_>> {
     core.locks
         .lock_index_unless(idx, Duration::from_millis(10), |owner| {
             core.nesting.is_lending(owner)
