@@ -20,7 +20,9 @@ use crate::error::{FaultError, MapError};
 use crate::frame::{Balloon, Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
+use crate::own_remove::OwnRemoves;
 use crate::region::RegionTable;
+use crate::removals::Removals;
 use crate::stats::Stats;
 use crate::store::Store;
 use faultline_sys::mem::PageMap;
@@ -108,6 +110,12 @@ pub(crate) struct Core {
     stopping: AtomicBool,
     /// Nested faults: lenders and the standby's trigger (`nesting.rs`).
     pub(crate) nesting: Nesting,
+    /// faultline's own `MADV_DONTNEED` calls on registered memory, told
+    /// apart from the program's (`own_remove.rs`).
+    pub(crate) own_removes: OwnRemoves,
+    /// The program's removals whose events were read and are not handled
+    /// yet (`removals.rs`).
+    pub(crate) removals: Removals,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
     pub(crate) trace: Mutex<Vec<usize>>,
     /// The reclaim clock's hand.
@@ -164,6 +172,8 @@ impl Core {
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),
+            own_removes: OwnRemoves::default(),
+            removals: Removals::default(),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),
@@ -199,6 +209,7 @@ impl Core {
         self.stopping.store(true, Ordering::Release);
         self.reserve_cv.notify_all();
         self.nesting.wake_standby();
+        self.own_removes.stop();
     }
 
     /// Gives the pre-zeroed reserve back to the allocator (at shutdown, or
@@ -322,6 +333,15 @@ impl Core {
             .iter()
             .filter(|e| matches!(e, Event::Unmap { .. }))
             .count();
+        for e in &out[before..] {
+            if let Event::Remove { start, end } = *e {
+                // Before the thread that called madvise can return (see
+                // `removals.rs`); faultline's own calls are not recorded.
+                if !self.own_removes.claim(start, end) {
+                    self.removals.add(start, end);
+                }
+            }
+        }
         if unmaps > 0 {
             self.unmaps_pending.fetch_add(unmaps, Ordering::AcqRel);
         }

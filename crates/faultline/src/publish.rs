@@ -140,6 +140,7 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("collapses", C, s.collapses),
         ("migrate_left_parked", C, s.migrate_left_parked),
         ("unmapped_by_program", C, s.unmapped_by_program),
+        ("removed_by_program", C, s.removed_by_program),
         ("discarded", C, s.discarded),
         ("ballooned", C, s.ballooned),
         ("unballooned", C, s.unballooned),

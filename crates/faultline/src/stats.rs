@@ -49,6 +49,7 @@ pub struct Stats {
     pub(crate) collapses: AtomicU64,
     pub(crate) migrate_left_parked: AtomicU64,
     pub(crate) unmapped_by_program: AtomicU64,
+    pub(crate) removed_by_program: AtomicU64,
     pub(crate) discarded: AtomicU64,
     pub(crate) ballooned: AtomicU64,
     pub(crate) unballooned: AtomicU64,
@@ -102,6 +103,7 @@ impl Stats {
             collapses: AtomicU64::new(0),
             migrate_left_parked: AtomicU64::new(0),
             unmapped_by_program: AtomicU64::new(0),
+            removed_by_program: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             ballooned: AtomicU64::new(0),
             unballooned: AtomicU64::new(0),
@@ -191,6 +193,7 @@ impl Stats {
             collapses: r(&self.collapses),
             migrate_left_parked: r(&self.migrate_left_parked),
             unmapped_by_program: r(&self.unmapped_by_program),
+            removed_by_program: r(&self.removed_by_program),
             discarded: r(&self.discarded),
             ballooned: r(&self.ballooned),
             unballooned: r(&self.unballooned),
@@ -397,6 +400,9 @@ pub struct StatsSnapshot {
     /// Pages whose frames faultline gave up because the program unmapped
     /// them itself (`munmap`, `mremap` away; `UFFD_EVENT_UNMAP`).
     pub unmapped_by_program: u64,
+    /// Pages whose frames went back to the pool because the program dropped
+    /// them itself (`MADV_DONTNEED`, `MADV_FREE`; `UFFD_EVENT_REMOVE`).
+    pub removed_by_program: u64,
     /// Pages whose frames went back to the pool by `Region::discard`.
     pub discarded: u64,
     /// 4 KiB pages of the pool whose memory went back to the kernel (the

@@ -20,6 +20,8 @@ const LAYERS: &[&str] = &[
     "error",
     "locks",
     "nesting",
+    "own_remove",
+    "removals",
     "stats",
     "region",
     "copyjob",

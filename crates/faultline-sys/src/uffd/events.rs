@@ -1,4 +1,4 @@
-//! Reading events: [`Event`] (a page fault or an unmap, decoded from the
+//! Reading events: [`Event`] (a page fault, an unmap or a remove, decoded from the
 //! kernel's `struct uffd_msg`) and [`Uffd::read_events`].
 //!
 //! Invariants: the context is non-blocking, so a read never waits; the
@@ -33,6 +33,15 @@ pub enum Event {
         /// One past the last byte.
         end: usize,
     },
+    /// The program dropped `[start, end)`'s pages (`MADV_DONTNEED`,
+    /// `MADV_FREE`; with `EVENT_REMOVE`). Read before the kernel zaps them:
+    /// the thread that called `madvise` waits only until the event is read.
+    Remove {
+        /// First byte.
+        start: usize,
+        /// One past the last byte.
+        end: usize,
+    },
     /// Any other event (only arrives if such a feature was requested).
     Other(u8),
 }
@@ -47,12 +56,14 @@ impl Event {
                 minor: m.flags & raw::UFFD_PAGEFAULT_FLAG_MINOR != 0,
                 tid: m.ptid,
             }
-        } else if m.event == raw::UFFD_EVENT_UNMAP {
+        } else if m.event == raw::UFFD_EVENT_UNMAP || m.event == raw::UFFD_EVENT_REMOVE {
             // `arg.remove` {start, end} sits where a page fault's flags and
             // address do.
-            Event::Unmap {
-                start: m.flags as usize,
-                end: m.address as usize,
+            let (start, end) = (m.flags as usize, m.address as usize);
+            if m.event == raw::UFFD_EVENT_UNMAP {
+                Event::Unmap { start, end }
+            } else {
+                Event::Remove { start, end }
             }
         } else {
             Event::Other(m.event)
@@ -128,6 +139,19 @@ mod tests {
             Event::Unmap {
                 start: 0x1000,
                 end: 0x3000
+            }
+        );
+        let remove = raw::UffdMsg {
+            event: raw::UFFD_EVENT_REMOVE,
+            flags: 0x2000,
+            address: 0x5000,
+            ..raw::UffdMsg::default()
+        };
+        assert_eq!(
+            Event::from_raw(&remove),
+            Event::Remove {
+                start: 0x2000,
+                end: 0x5000
             }
         );
         let other = raw::UffdMsg {

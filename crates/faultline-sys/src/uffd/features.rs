@@ -28,6 +28,10 @@ impl Features {
     /// away, `mmap(MAP_FIXED)` over it) is reported, and the unmapping
     /// thread waits until the event is read.
     pub const EVENT_UNMAP: Features = Features(1 << 6);
+    /// `UFFD_EVENT_REMOVE`: `MADV_DONTNEED` / `MADV_FREE` on a registered
+    /// range is reported before the pages go, and the calling thread waits
+    /// until the event is read.
+    pub const EVENT_REMOVE: Features = Features(1 << 3);
 
     const NAMES: [(u64, &'static str); 17] = [
         (1 << 0, "PAGEFAULT_FLAG_WP"),

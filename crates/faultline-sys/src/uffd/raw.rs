@@ -32,6 +32,7 @@ pub const UFFDIO_POISON: u64 = ioc(RW, 0x08, std::mem::size_of::<UffdioPoison>()
 pub const UFFDIO_API: u64 = ioc(RW, 0x3F, std::mem::size_of::<UffdioApi>());
 
 pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_EVENT_REMOVE: u8 = 0x15;
 pub const UFFD_EVENT_UNMAP: u8 = 0x16;
 
 pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;

@@ -130,7 +130,8 @@ impl ManagerBuilder {
         config.validate()?;
         let mut required = Features::MOVE
             .with(Features::POISON)
-            .with(Features::EVENT_UNMAP);
+            .with(Features::EVENT_UNMAP)
+            .with(Features::EVENT_REMOVE);
         if config.fault_mode == crate::config::FaultMode::InThread {
             required = required.with(Features::SIGBUS);
         }

@@ -26,13 +26,15 @@
 //!
 //! With [`crate::FaultMode::InThread`] the faulting thread serves its own
 //! fault in faultline's SIGBUS handler ([`inthread`]), through the same
-//! `resolve`; the workers then only read the other events (unmaps).
+//! `resolve`; the workers then only read the other events (unmaps,
+//! removals).
 //!
 //! Errors of the fault path are [`crate::FaultError`] values queued in the
 //! core; the faulting thread itself gets SIGBUS.
 
 pub(crate) mod ahead;
 pub(crate) mod inthread;
+mod remove;
 mod resolve;
 pub(crate) mod service;
 mod unit;

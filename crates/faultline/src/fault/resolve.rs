@@ -68,6 +68,11 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
         wake(core, region, page);
         return Resolution::Dying;
     }
+    if core.removals.any() {
+        // The program dropped this page and its removal is not handled yet:
+        // drop it first, so the fault serves what the drop leaves.
+        super::remove::settle(core, region, page);
+    }
     match region.state(page) {
         PageState::Absent => serve(core, region, page, how),
         PageState::Poisoned => {
@@ -77,9 +82,13 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
             // another try (its error may have been transient): the marker
             // goes, and the page is served afresh — or poisoned again.
             let addr = region.page_addr(page);
+            let len = region.page_size.bytes();
             // SAFETY: a poisoned page holds no data, only the kernel's
             // poison marker, and nothing references it.
-            if let Err(source) = unsafe { region.map.discard(addr, region.page_size.bytes()) } {
+            let cleared = core.own_removes.run(addr, addr + len, || unsafe {
+                region.map.discard(addr, len)
+            });
+            if let Err(source) = cleared {
                 return poison(core, region, page, FaultError::Move { addr, source }, how);
             }
             region.set_state(page, PageState::Absent);

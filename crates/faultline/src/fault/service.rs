@@ -166,6 +166,12 @@ pub(crate) fn handle(
             core.unmap_handled();
             return Resolution::Stray;
         }
+        Event::Remove { start, end } => {
+            // It waits for page locks.
+            defer(core, rest);
+            super::remove::removed(core, start, end, stamp);
+            return Resolution::Stray;
+        }
         Event::Other(_) => return Resolution::Stray,
     };
     // A fault by a thread inside a store call made under a fault lock: its

@@ -103,6 +103,11 @@ pub(crate) fn recollect(
     if holes.is_empty() {
         return Ok(0);
     }
+    // The holes are a removal's of the program's, refilled here as its
+    // handler would (`removals.rs`): settled.
+    for rm in core.removals.overlapping(addr, len) {
+        rm.settle(addr);
+    }
     // Fresh zeroed pages in the holes (populating touches no present page),
     // then the store's bytes over them where the store has any.
     fill_holes(core, slot, len).map_err(err)?;
@@ -197,7 +202,10 @@ pub(crate) fn drop_empty_page_table(core: &Core, r: &RegionInner, addr: usize, l
     // SAFETY: nothing is mapped in the range (just checked, and nothing
     // faultline does maps it while the caller holds its lock): no data and
     // no reference can be in it.
-    if unsafe { r.map.discard(addr, len) }.is_ok() {
+    let dropped = core
+        .own_removes
+        .run(addr, addr + len, || unsafe { r.map.discard(addr, len) });
+    if dropped.is_ok() {
         Stats::bump(&core.stats.pt_discards);
     }
 }

@@ -1,0 +1,179 @@
+//! faultline's own `MADV_DONTNEED` on memory registered with its
+//! userfaultfd, told apart from the program's.
+//!
+//! With `UFFD_FEATURE_EVENT_REMOVE` the kernel reports every
+//! `MADV_DONTNEED` / `MADV_FREE` on a registered range, and the calling
+//! thread waits until some thread has read the event. The program's calls
+//! are what `fault/remove.rs` handles (their pages' frames go back to the
+//! pool); faultline makes such calls too — a pool frame given back to the
+//! kernel (the balloon), an empty page table dropped before a 2 MiB move, a
+//! poison marker cleared — and two rules follow for those:
+//!
+//! 1. Each goes through [`OwnRemoves::run`], which records its range
+//!    before the call. An event read that lies inside a recorded range is
+//!    claimed ([`OwnRemoves::claim`], from `Core::read_events`) and never
+//!    recorded as the program's: handled as the program's, it would drop
+//!    the very page the caller is about to map. A record goes
+//!    when the event for its range's end is claimed (a range over several
+//!    mappings gets one event per mapping), or [`KEEP`] after its call
+//!    returned (a call that failed may have sent none).
+//! 2. The caller may hold page locks the workers wait for, or be the only
+//!    worker: the pump ([`OwnRemoves::run_pump`]) reads pending events
+//!    into the deferred queue while an own call has waited longer than
+//!    [`PUMP_AFTER`], so the call always completes. The pump takes no page
+//!    lock.
+//!
+//! Invariant: a record exists from before its call's event can be read
+//! until that event is claimed (or [`KEEP`] has passed). Locks: the
+//! ledger's mutex (a leaf; the condition variable waits on it).
+
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a record outlives its call when no event claimed it.
+const KEEP: Duration = Duration::from_secs(5);
+
+/// How long an own call may wait for a worker to read its event before the
+/// pump reads it.
+const PUMP_AFTER: Duration = Duration::from_micros(500);
+
+#[derive(Debug)]
+struct Own {
+    id: u64,
+    start: usize,
+    end: usize,
+    /// When its call returned.
+    returned: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    list: Vec<Own>,
+    next_id: u64,
+    stopping: bool,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct OwnRemoves {
+    ledger: Mutex<Ledger>,
+    /// Signalled when a call starts, and at shutdown.
+    cv: Condvar,
+    /// Own calls inside `madvise` now.
+    in_flight: AtomicUsize,
+}
+
+impl OwnRemoves {
+    /// Runs `call` — faultline's own `MADV_DONTNEED` of `[start, end)` —
+    /// with its range recorded (rule 1) and the pump watching (rule 2).
+    pub(crate) fn run<T>(&self, start: usize, end: usize, call: impl FnOnce() -> T) -> T {
+        let id = {
+            let mut l = self.ledger.lock();
+            let id = l.next_id;
+            l.next_id += 1;
+            l.list.push(Own {
+                id,
+                start,
+                end,
+                returned: None,
+            });
+            id
+        };
+        // Relaxed: the pump reads it after the notify below (under the
+        // ledger's mutex) or at its next poll; a late look only delays it.
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.cv.notify_one();
+        let out = call();
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut l = self.ledger.lock();
+        if let Some(o) = l.list.iter_mut().find(|o| o.id == id) {
+            o.returned = Some(Instant::now());
+        }
+        out
+    }
+
+    /// Whether the removal of `[start, end)` is one of faultline's own
+    /// calls (its record is dropped with the event for its range's end).
+    pub(crate) fn claim(&self, start: usize, end: usize) -> bool {
+        let mut l = self.ledger.lock();
+        let now = Instant::now();
+        l.list
+            .retain(|o| o.returned.is_none_or(|t| now.duration_since(t) < KEEP));
+        let Some(i) = l.list.iter().position(|o| o.start <= start && end <= o.end) else {
+            return false;
+        };
+        if l.list[i].end == end {
+            l.list.swap_remove(i);
+        }
+        true
+    }
+
+    /// Stops the pump.
+    pub(crate) fn stop(&self) {
+        self.ledger.lock().stopping = true;
+        self.cv.notify_all();
+    }
+
+    /// Own calls inside `madvise` now.
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+impl OwnRemoves {
+    /// The pump thread's loop (rule 2 of the module docs): sleeps until an
+    /// own call starts; while any is in flight for longer than
+    /// [`PUMP_AFTER`], calls `pump` (which reads pending events into the
+    /// deferred queue). Returns at shutdown.
+    pub(crate) fn run_pump(&self, pump: impl Fn()) {
+        loop {
+            {
+                let mut l = self.ledger.lock();
+                while self.in_flight() == 0 && !l.stopping {
+                    self.cv.wait(&mut l);
+                }
+                if l.stopping {
+                    return;
+                }
+            }
+            std::thread::sleep(PUMP_AFTER);
+            while self.in_flight() > 0 {
+                pump();
+                std::thread::sleep(PUMP_AFTER);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_own_range_is_claimed_once_and_whole() {
+        let own = OwnRemoves::default();
+        // The call itself claims nothing; events come while it runs.
+        own.run(0x1000, 0x5000, || {
+            assert!(!own.claim(0x0, 0x2000), "reaches outside the record");
+            assert!(own.claim(0x1000, 0x3000), "first mapping's part");
+            assert!(own.claim(0x3000, 0x5000), "last part: the record goes");
+            assert!(!own.claim(0x3000, 0x5000), "the program's, now");
+        });
+    }
+
+    #[test]
+    fn an_unclaimed_record_outlives_its_call_then_goes() {
+        let own = OwnRemoves::default();
+        own.run(0x1000, 0x2000, || ());
+        // Its event may be handled after the call returned.
+        assert!(own.claim(0x1000, 0x2000));
+        own.run(0x1000, 0x2000, || ());
+        {
+            let mut l = own.ledger.lock();
+            l.list[0].returned = Some(Instant::now() - KEEP - Duration::from_secs(1));
+        }
+        assert!(!own.claim(0x1000, 0x2000), "expired");
+        assert!(own.ledger.lock().list.is_empty());
+    }
+}
