@@ -18,10 +18,10 @@
 //!    mappings gets one event per mapping), or [`KEEP`] after its call
 //!    returned (a call that failed may have sent none).
 //! 2. The caller may hold page locks the workers wait for, or be the only
-//!    worker: the pump ([`OwnRemoves::run_pump`]) reads pending events
-//!    into the deferred queue while an own call has waited longer than
-//!    [`PUMP_AFTER`], so the call always completes. The pump takes no page
-//!    lock.
+//!    worker: the pump ([`OwnRemoves::run_pump`]), woken as an own call
+//!    starts, reads pending events into the deferred queue until no own
+//!    call is in flight, so the call always completes. The pump takes no
+//!    page lock.
 //!
 //! Invariant: a record exists from before its call's event can be read
 //! until that event is claimed (or [`KEEP`] has passed). Locks: the
@@ -34,9 +34,11 @@ use std::time::{Duration, Instant};
 /// How long a record outlives its call when no event claimed it.
 const KEEP: Duration = Duration::from_secs(5);
 
-/// How long an own call may wait for a worker to read its event before the
-/// pump reads it.
+/// How long the pump reads back to back for a call, and then how often.
 const PUMP_AFTER: Duration = Duration::from_micros(500);
+
+/// How long the pump stays awake for the next call after one ends.
+const LINGER: Duration = Duration::from_millis(1);
 
 #[derive(Debug)]
 struct Own {
@@ -78,11 +80,12 @@ impl OwnRemoves {
                 end,
                 returned: None,
             });
+            // Under the mutex the pump checks it under before it waits: it
+            // either sees the count or is waiting when notified below.
+            // (Relaxed: the mutex orders it.)
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
             id
         };
-        // Relaxed: the pump reads it after the notify below (under the
-        // ledger's mutex) or at its next poll; a late look only delays it.
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.cv.notify_one();
         let out = call();
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -123,24 +126,38 @@ impl OwnRemoves {
 
 impl OwnRemoves {
     /// The pump thread's loop (rule 2 of the module docs): sleeps until an
-    /// own call starts; while any is in flight for longer than
-    /// [`PUMP_AFTER`], calls `pump` (which reads pending events into the
-    /// deferred queue). Returns at shutdown.
+    /// own call starts; while any is in flight, calls `pump` (which reads
+    /// pending events into the deferred queue) — back to back for
+    /// [`PUMP_AFTER`], then every [`PUMP_AFTER`]. Returns at shutdown.
     pub(crate) fn run_pump(&self, pump: impl Fn()) {
+        let mut linger_until = Instant::now();
         loop {
-            {
+            if Instant::now() >= linger_until {
                 let mut l = self.ledger.lock();
                 while self.in_flight() == 0 && !l.stopping {
                     self.cv.wait(&mut l);
                 }
-                if l.stopping {
-                    return;
-                }
             }
-            std::thread::sleep(PUMP_AFTER);
+            if self.ledger.lock().stopping {
+                return;
+            }
+            // A call is entering `madvise`, or one came before: read the
+            // event as soon as it is queued — the caller then never sleeps
+            // for it (a worker woken by the kernel, and the caller woken
+            // back, cost two wake-ups) — and stay ready for the next call
+            // of a burst (2 MiB faults back to back) for [`LINGER`].
+            let slow = Instant::now() + PUMP_AFTER;
             while self.in_flight() > 0 {
                 pump();
-                std::thread::sleep(PUMP_AFTER);
+                if Instant::now() < slow {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(PUMP_AFTER);
+                }
+            }
+            linger_until = Instant::now() + LINGER;
+            while self.in_flight() == 0 && Instant::now() < linger_until {
+                std::thread::yield_now();
             }
         }
     }
