@@ -22,7 +22,7 @@ use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
 use crate::own_remove::OwnRemoves;
 use crate::region::RegionTable;
-use crate::removals::Removals;
+use crate::removals::{MapStamps, Removals};
 use crate::stats::Stats;
 use crate::store::Store;
 use faultline_sys::mem::PageMap;
@@ -116,6 +116,8 @@ pub(crate) struct Core {
     /// The program's removals whose events were read and are not handled
     /// yet (`removals.rs`).
     pub(crate) removals: Removals,
+    /// When each frame was last moved into a region (`removals.rs`).
+    pub(crate) map_stamps: MapStamps,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
     pub(crate) trace: Mutex<Vec<usize>>,
     /// The reclaim clock's hand.
@@ -174,6 +176,7 @@ impl Core {
             nesting: Nesting::new(config.workers),
             own_removes: OwnRemoves::default(),
             removals: Removals::default(),
+            map_stamps: MapStamps::new(pool.pages()),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),
@@ -325,6 +328,8 @@ impl Core {
         max: usize,
     ) -> Result<(usize, u64), SysError> {
         let stamp = self.region_stamp();
+        // Before the read: see `removals.rs`.
+        let read_at = self.map_stamps.now();
         // AcqRel: pairs with the Acquire loads in `await_unmaps`.
         self.readers.fetch_add(1, Ordering::AcqRel);
         let before = out.len();
@@ -335,10 +340,9 @@ impl Core {
             .count();
         for e in &out[before..] {
             if let Event::Remove { start, end } = *e {
-                // Before the thread that called madvise can return (see
-                // `removals.rs`); faultline's own calls are not recorded.
+                // faultline's own calls are not the program's.
                 if !self.own_removes.claim(start, end) {
-                    self.removals.add(start, end);
+                    self.removals.add(start, end, read_at);
                 }
             }
         }

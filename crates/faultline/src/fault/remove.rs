@@ -1,31 +1,36 @@
 //! The program dropped pages of a region itself: `UFFD_EVENT_REMOVE`.
 //!
 //! `MADV_DONTNEED` (or `MADV_FREE`) on region memory: the kernel reports
-//! the range before it zaps the pages, and the calling thread waits only
-//! until the event is read, so the zap runs alongside this handler and the
-//! program may write the range again before the handler is done. What the
-//! range reads afterwards is what `Region::discard(..,
-//! Discard::KeepStore)` gives: the store's copy (zeros for the zero
-//! store); writes not yet written back are dropped, as `MADV_DONTNEED`
-//! does to a private file mapping. The fault path alone keeps that for
-//! pages the kernel zapped (a page some of whose 4 KiB parts are holes is
-//! gathered back and the holes refilled from the store when next touched
-//! or reclaimed: `pagemove::recollect`); this handler gives the frames
-//! back at once, and drops parked pages (the kernel's zap does not reach
-//! them). Each page is dropped at most once per removal, by the first of
-//! the handler, a fault on it, or a gather (`removals.rs`: settled).
+//! the range before it zaps the pages (with `MADV_FREE` it zaps nothing
+//! until memory is short), and the calling thread waits only until the
+//! event is read, so the zap runs alongside this handler and the program
+//! may write the range again before the handler is done. What the range
+//! reads afterwards is what `Region::discard(.., Discard::KeepStore)`
+//! gives: the store's copy (zeros for the zero store); writes not yet
+//! written back are dropped, as `MADV_DONTNEED` does to a private file
+//! mapping. A page some of whose 4 KiB parts the kernel zapped is gathered
+//! back and the holes refilled from the store when next touched or
+//! reclaimed (`pagemove::recollect`); this handler gives frames back at
+//! once and drops what the zap does not reach, never data the program may
+//! have written after its call:
 //!
-//! The handler, for each page in use, under its lock, unless settled:
-//! - parked: dropped — wholly inside the range, its frame is freed and the
-//!   page is absent; a 2 MiB page the range cuts has the cut part of its
-//!   frame reset to the store's bytes (zeros) and stays parked;
-//! - resident: dropped the same way once the kernel's zap has emptied the
-//!   removed part of it (what is left moves back to the frame's slot and
-//!   the slot's holes get zeroed pages before the frame is freed). Until
-//!   then it is left: data there may be a write that came after the
-//!   `madvise` returned, through a page faultline mapped again without a
-//!   fault (a migration). The handler looks again for up to [`PATIENCE`];
-//!   a page still not emptied is left to the fault path.
+//! - a *parked* page (the zap does not reach it) whose frame was last
+//!   moved into the region before the event was read (`removals.rs`: the
+//!   map clock) is dropped: wholly inside the range, its frame is freed
+//!   and the page is absent; a 2 MiB page the range cuts has the cut part
+//!   of its frame reset to the store's bytes (zeros). A fault on such a
+//!   page before the handler gets there drops it first ([`settle`]). A
+//!   page mapped since may hold a later write: left alone.
+//! - a *resident* page once the kernel's zap has emptied the removed part
+//!   (nothing of it is anywhere then): the frame is freed (the cut part of
+//!   a 2 MiB page is gathered back from the store). Until then it is left;
+//!   idle workers look again for up to [`PATIENCE`] ([`Retry`]); a page
+//!   still not emptied (`MADV_FREE`, a racing remap) is left to the fault
+//!   path.
+//!
+//! faultline's own `MADV_DONTNEED` calls are skipped (`own_remove.rs`);
+//! handled as the program's they would be harmless by the rules above, only
+//! wasted work.
 //!
 //! Locks: the region table's snapshot (no lock), then each page's fault
 //! lock, one at a time (the removals' leaf locks under it).
@@ -35,13 +40,18 @@ use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove::{self, Holes};
 use crate::region::{PageState, RegionInner};
-use crate::removals::Removal;
+use crate::removals::{Removal, Retry};
 use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long the handler waits for the kernel's zap of resident pages.
+/// How long idle workers look again at resident pages the kernel has not
+/// zapped yet.
 const PATIENCE: Duration = Duration::from_millis(100);
+
+/// Between two looks.
+const AGAIN: Duration = Duration::from_micros(200);
 
 /// Handles `UFFD_EVENT_REMOVE` for `[start, end)`, read when the next
 /// region id was `stamp` (a region mapped after the read is new: left
@@ -52,6 +62,8 @@ pub(crate) fn removed(core: &Core, start: usize, end: usize, stamp: u64) {
         return;
     };
     let snap = core.table.snapshot();
+    let until = Instant::now() + PATIENCE;
+    let mut later = Vec::new();
     for r in snap.overlapping(start, end) {
         if r.id >= stamp {
             continue;
@@ -60,54 +72,102 @@ pub(crate) fn removed(core: &Core, start: usize, end: usize, stamp: u64) {
             r.page_of(start.max(r.start())),
             r.page_of(end.min(r.end()) - 1),
         );
-        let mut todo: Vec<usize> = r.used_pages(first..last + 1).collect();
-        let until = Instant::now() + PATIENCE;
-        loop {
-            todo.retain(|&page| !try_page(core, r, &rm, page));
-            if todo.is_empty() || Instant::now() > until {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
+        let mut pages: Vec<usize> = r.used_pages(first..last + 1).collect();
+        pages.retain(|&page| !try_page(core, r, &rm, page));
+        if !pages.is_empty() {
+            later.push(Retry {
+                removal: Arc::clone(&rm),
+                region: r.id,
+                pages,
+                next: Instant::now() + AGAIN,
+                until,
+            });
         }
     }
-    core.removals.end(&rm);
+    if later.is_empty() {
+        core.removals.end(&rm);
+        return;
+    }
+    // Counted before any is queued: the last to finish ends the removal.
+    rm.looks.store(later.len(), Ordering::Relaxed);
+    for t in later {
+        core.removals.retry_later(t);
+    }
 }
 
-/// Settles the removals pending over `page` of `r` before a fault serves
-/// it (see the module docs). Caller holds the page's lock.
+/// Takes one due second look, if any, and makes it (see the module docs).
+/// Returns whether there was one.
+pub(super) fn retry(core: &Core) -> bool {
+    let Some(mut t) = core.removals.due_retry() else {
+        return false;
+    };
+    let snap = core.table.snapshot();
+    let region = snap.iter().find(|r| r.id == t.region);
+    if let Some(r) = region {
+        t.pages.retain(|&page| !try_page(core, r, &t.removal, page));
+    }
+    if region.is_none() || t.pages.is_empty() || Instant::now() > t.until {
+        // AcqRel: the last look to finish (of all the removal's regions)
+        // sees the others' decrements and ends it.
+        if t.removal.looks.fetch_sub(1, Ordering::AcqRel) == 1 {
+            core.removals.end(&t.removal);
+        }
+    } else {
+        t.next = Instant::now() + AGAIN;
+        core.removals.retry_later(t);
+    }
+    true
+}
+
+/// Drops `page` of `r` for the pending removals over it, before a fault
+/// serves it: a parked page mapped before their events were read (see the
+/// module docs). Caller holds the page's lock.
 pub(super) fn settle(core: &Core, r: &RegionInner, page: usize) {
     let addr = r.page_addr(page);
     for rm in core.removals.overlapping(addr, r.page_size.bytes()) {
-        if rm.settle(addr) {
-            drop_part(core, r, page, &rm);
+        if let PageState::Parked(f) = r.state(page) {
+            if !core.map_stamps.mapped_since(f as usize, rm.read_at) {
+                drop_part(core, r, page, &rm);
+            }
         }
     }
 }
 
-/// One try at `page` for removal `rm`: true when done with it (dropped, or
-/// nothing to drop), false to look again (resident, not yet zapped).
+/// One look at `page` for removal `rm`: true when done with it (dropped, or
+/// nothing to drop or to wait for), false to look again (resident, the
+/// removed part not zapped yet).
 fn try_page(core: &Core, r: &RegionInner, rm: &Removal, page: usize) -> bool {
     let (domain, key) = r.lock_key(page);
     let _g = core.locks.lock(domain, key);
-    let addr = r.page_addr(page);
-    if r.dying() || rm.is_settled(addr) {
+    if r.dying() {
         return true;
     }
-    if let PageState::Resident(_) = r.state(page) {
-        let (lo, hi) = part(r, page, rm);
-        match pagemove::is_empty(core, lo, hi - lo) {
-            Ok(true) => {}
-            Ok(false) => return false,
-            Err(source) => {
-                core.record(FaultError::Move { addr, source });
-                return true;
+    match r.state(page) {
+        PageState::Parked(f) => {
+            if !core.map_stamps.mapped_since(f as usize, rm.read_at) {
+                drop_part(core, r, page, rm);
+            }
+            true
+        }
+        PageState::Resident(_) => {
+            let (lo, hi) = part(r, page, rm);
+            match pagemove::is_empty(core, lo, hi - lo) {
+                Ok(true) => {
+                    drop_part(core, r, page, rm);
+                    true
+                }
+                Ok(false) => false,
+                Err(source) => {
+                    core.record(FaultError::Move {
+                        addr: r.page_addr(page),
+                        source,
+                    });
+                    true
+                }
             }
         }
+        PageState::Absent | PageState::Poisoned | PageState::Gone => true,
     }
-    if rm.settle(addr) {
-        drop_part(core, r, page, rm);
-    }
-    true
 }
 
 /// The part of `page` of `r` that removal `rm` covers.

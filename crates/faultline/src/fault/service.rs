@@ -54,6 +54,9 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                 if crate::migrate::help(&core, worker) {
                     continue;
                 }
+                if super::remove::retry(&core) {
+                    continue;
+                }
                 if !spin.is_zero() && last_event.elapsed() < spin {
                     // Spinning never reaches the shutdown eventfd: look at
                     // the flag set before it is signalled.
@@ -63,7 +66,9 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                     std::hint::spin_loop();
                     continue;
                 }
-                match waiter.wait(-1) {
+                // Second looks of a removal are due within a millisecond.
+                let timeout = if core.removals.has_retries() { 1 } else { -1 };
+                match waiter.wait(timeout) {
                     Ok(Ready::Other(0)) => return,
                     Ok(Ready::Other(_)) => {
                         core.deferred_fd.drain();

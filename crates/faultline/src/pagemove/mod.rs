@@ -190,7 +190,9 @@ pub(crate) unsafe fn move_range(
 
 /// Moves a frame (or run of frames) at `src` into region pages at `dst`
 /// and wakes the threads waiting there: [`move_range`] with every source
-/// page required.
+/// page required. The frames are stamped as mapped now, whatever the
+/// outcome (`removals.rs`: a stamp too many only keeps a page from being
+/// dropped).
 ///
 /// # Safety
 /// As [`move_range`].
@@ -201,7 +203,10 @@ pub(crate) unsafe fn move_in(
     len: usize,
 ) -> Result<(), MoveError> {
     // SAFETY: the caller's contract.
-    unsafe { move_range(core, dst, src, len, Holes::Forbid, true) }
+    let moved = unsafe { move_range(core, dst, src, len, Holes::Forbid, true) };
+    let first = (src - core.pool.slot_addr(0)) / PAGE_SIZE;
+    core.map_stamps.stamp(first, len / PAGE_SIZE);
+    moved
 }
 
 /// Moves resident region pages at `src` out to their frames' slots at

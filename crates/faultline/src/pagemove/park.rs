@@ -103,11 +103,6 @@ pub(crate) fn recollect(
     if holes.is_empty() {
         return Ok(0);
     }
-    // The holes are a removal's of the program's, refilled here as its
-    // handler would (`removals.rs`): settled.
-    for rm in core.removals.overlapping(addr, len) {
-        rm.settle(addr);
-    }
     // Fresh zeroed pages in the holes (populating touches no present page),
     // then the store's bytes over them where the store has any.
     fill_holes(core, slot, len).map_err(err)?;
