@@ -174,7 +174,7 @@ impl Core {
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),
-            own_removes: OwnRemoves::default(),
+            own_removes: OwnRemoves::new(config.program_removals),
             removals: Removals::default(),
             map_stamps: MapStamps::new(pool.pages()),
             trace: Mutex::new(Vec::new()),

@@ -59,6 +59,9 @@ struct Ledger {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct OwnRemoves {
+    /// Whether the kernel reports removals at all (`Config::program_removals`):
+    /// off, calls are run as they are.
+    on: bool,
     ledger: Mutex<Ledger>,
     /// Signalled when a call starts, and at shutdown.
     cv: Condvar,
@@ -67,9 +70,20 @@ pub(crate) struct OwnRemoves {
 }
 
 impl OwnRemoves {
+    /// The ledger, `on` when the kernel reports removals.
+    pub(crate) fn new(on: bool) -> OwnRemoves {
+        OwnRemoves {
+            on,
+            ..OwnRemoves::default()
+        }
+    }
+
     /// Runs `call` — faultline's own `MADV_DONTNEED` of `[start, end)` —
     /// with its range recorded (rule 1) and the pump watching (rule 2).
     pub(crate) fn run<T>(&self, start: usize, end: usize, call: impl FnOnce() -> T) -> T {
+        if !self.on {
+            return call();
+        }
         let id = {
             let mut l = self.ledger.lock();
             let id = l.next_id;
@@ -169,7 +183,7 @@ mod tests {
 
     #[test]
     fn an_own_range_is_claimed_once_and_whole() {
-        let own = OwnRemoves::default();
+        let own = OwnRemoves::new(true);
         // The call itself claims nothing; events come while it runs.
         own.run(0x1000, 0x5000, || {
             assert!(!own.claim(0x0, 0x2000), "reaches outside the record");
@@ -181,7 +195,7 @@ mod tests {
 
     #[test]
     fn an_unclaimed_record_outlives_its_call_then_goes() {
-        let own = OwnRemoves::default();
+        let own = OwnRemoves::new(true);
         own.run(0x1000, 0x2000, || ());
         // Its event may be handled after the call returned.
         assert!(own.claim(0x1000, 0x2000));

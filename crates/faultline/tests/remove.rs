@@ -155,3 +155,28 @@ fn a_2m_zero_page_dropped_in_part_keeps_the_rest() {
     assert_eq!(settled(&mm).removed_by_program, 0);
     assert!(mm.take_error().is_none());
 }
+
+#[test]
+fn with_removals_off_a_dropped_page_reads_zeros_when_touched_again() {
+    let mm = common::manager_with({
+        let mut c = common::config(8 * MIB);
+        c.program_removals = false;
+        c
+    });
+    let r = mm.map(64 * PAGE, Zero, MapOptions::new()).expect("map");
+    for p in 0..64 {
+        set_byte(&r, p * PAGE + 5, 0x77);
+    }
+    let before = settled(&mm);
+    dontneed(r.addr() + 8 * PAGE, 8 * PAGE);
+    std::thread::sleep(Duration::from_millis(20));
+    let after = settled(&mm);
+    assert_eq!(after.removed_by_program, 0, "{after}");
+    assert_eq!(after.frames_free, before.frames_free, "kept until touched");
+    for p in 0..64 {
+        let want = if (8..16).contains(&p) { 0 } else { 0x77 };
+        assert_eq!(byte(&r, p * PAGE + 5), want, "page {p}");
+    }
+    assert_eq!(settled(&mm).refaulted_dropped, 8);
+    assert!(mm.take_error().is_none());
+}

@@ -50,6 +50,10 @@ pub struct BenchOpts {
     /// Do not publish the stats for `faultline stat` (to measure its cost).
     #[arg(long)]
     pub no_publish: bool,
+    /// Do not hear the program's MADV_DONTNEED (`Config::program_removals`
+    /// off: to measure its cost).
+    #[arg(long)]
+    pub no_removals: bool,
 }
 
 impl BenchOpts {
@@ -64,6 +68,7 @@ impl BenchOpts {
         }
         c.pin_workers = !self.no_pin;
         c.publish_stats = !self.no_publish;
+        c.program_removals = !self.no_removals;
         if let Some(s) = self.spin_us {
             c.experiment.spin_us = s;
         }

@@ -73,6 +73,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// Hear the program's own `MADV_DONTNEED` on region memory and give
+    /// the frames back at once ([`Config::program_removals`]).
+    pub fn program_removals(mut self, on: bool) -> Self {
+        self.config.program_removals = on;
+        self
+    }
+
     /// Whether pages of store-backed regions are reclaimed under the
     /// budget, with the background watermarks in percent of the pool free
     /// ([`Config::reclaim`]).
@@ -130,8 +137,10 @@ impl ManagerBuilder {
         config.validate()?;
         let mut required = Features::MOVE
             .with(Features::POISON)
-            .with(Features::EVENT_UNMAP)
-            .with(Features::EVENT_REMOVE);
+            .with(Features::EVENT_UNMAP);
+        if config.program_removals {
+            required = required.with(Features::EVENT_REMOVE);
+        }
         if config.fault_mode == crate::config::FaultMode::InThread {
             required = required.with(Features::SIGBUS);
         }

@@ -85,9 +85,11 @@ impl Service {
                 crate::reclaim::run(&c, publisher)
             })?;
         }
-        service.spawn("faultline-pump".into(), |c| {
-            c.own_removes.run_pump(|| c.pump_events())
-        })?;
+        if service.core.config.program_removals {
+            service.spawn("faultline-pump".into(), |c| {
+                c.own_removes.run_pump(|| c.pump_events())
+            })?;
+        }
         if service.core.config.prezero && service.core.pool.thp() {
             service.spawn("faultline-zero".into(), |c| crate::fill::run_zeroer(&c))?;
         }

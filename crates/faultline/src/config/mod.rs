@@ -126,6 +126,15 @@ pub struct Config {
     pub publish_stats: bool,
     /// Who serves faults: workers (default) or the faulting thread itself.
     pub fault_mode: FaultMode,
+    /// Hear the program's own `MADV_DONTNEED` / `MADV_FREE` on region memory
+    /// (`UFFD_FEATURE_EVENT_REMOVE`) and give those pages' frames back at
+    /// once. Off, a dropped page keeps its frame until it is next touched
+    /// or reclaimed (its bytes are the same either way, but a page
+    /// faultline had parked keeps its data). Costs every `MADV_DONTNEED`
+    /// faultline makes itself an event round trip — the page-table drop of
+    /// each 2 MiB first touch among them (`faultline bench fault`). Default
+    /// on.
+    pub program_removals: bool,
     /// The seeds' experiment switches and their pre-seed baselines (lock
     /// table, per-CPU lists, clear order, lookup cache, migration copy).
     /// Users leave it at its default.
@@ -178,6 +187,7 @@ impl Default for Config {
             small_zone_pct: 0,
             publish_stats: true,
             fault_mode: FaultMode::Workers,
+            program_removals: true,
             experiment: Experiment::default(),
         }
     }
