@@ -18,10 +18,11 @@
 //!
 //! Invariant: a removal is listed from its event's read until its handler
 //! ends ([`Removals::end`]); a frame's stamp is written after its move,
-//! under the page's lock. Locks: the list's mutex (a leaf); the stamps are
-//! atomics (SeqCst: the clock read before the `read` syscall and a stamp
-//! taken after a move that followed the zap are ordered by the syscalls
-//! between them, and SeqCst keeps that order for the atomics).
+//! under the page's lock. Locks: the list's mutex (a leaf). The clock is
+//! one atomic (SeqCst): its read before the `read` syscall and its tick
+//! after a move that followed the zap are ordered by the syscalls between
+//! them, and one atomic's values follow that order. A slot's stamp is
+//! written and read under the page's lock (Relaxed).
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -74,7 +75,8 @@ impl MapStamps {
     pub(crate) fn stamp(&self, first: usize, n: usize) {
         let t = self.clock.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
         for s in self.slots.iter().skip(first).take(n) {
-            s.store(t, Ordering::SeqCst);
+            // Relaxed: read under the page's lock, which this thread holds.
+            s.store(t, Ordering::Relaxed);
         }
     }
 
@@ -83,7 +85,8 @@ impl MapStamps {
     pub(crate) fn mapped_since(&self, index: usize, then: u32) -> bool {
         self.slots
             .get(index)
-            .is_none_or(|s| s.load(Ordering::SeqCst).wrapping_sub(then) as i32 > 0)
+            // Relaxed: the caller holds the page's lock (see `stamp`).
+            .is_none_or(|s| s.load(Ordering::Relaxed).wrapping_sub(then) as i32 > 0)
     }
 }
 
