@@ -45,13 +45,8 @@ fn discarded_frames_return_to_the_pool() {
 #[test]
 fn keep_store_rereads_the_file_and_zero_punches_a_hole() {
     let dir = ScratchDir::new("discard");
-    let data: Vec<u8> = (0..16 * PAGE).map(|i| (i % 251) as u8 | 1).collect();
-    let path = dir.file("data", &data);
     let mm = manager(8 * MIB);
-    let r = map_file(&mm, &path, 16);
-    for p in 0..16 {
-        set_byte(&r, p * PAGE, 0xee);
-    }
+    let (r, data, path) = common::written_file(&mm, &dir);
     r.discard(4 * PAGE..8 * PAGE, Discard::KeepStore)
         .expect("keep");
     r.discard(8 * PAGE..12 * PAGE, Discard::Zero).expect("zero");

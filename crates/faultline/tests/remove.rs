@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{byte, manager, map_file, set_byte, settled, ScratchDir, MIB};
+use common::{byte, manager, set_byte, settled, ScratchDir, MIB};
 use faultline::store::{File, FileOptions, Zero};
 use faultline::{MapOptions, PageSize};
 use std::time::{Duration, Instant};
@@ -67,13 +67,8 @@ fn pages_the_program_drops_go_back_to_the_pool_and_read_zeros() {
 #[test]
 fn a_dropped_page_of_a_file_reads_the_file_again() {
     let dir = ScratchDir::new("remove");
-    let data: Vec<u8> = (0..16 * PAGE).map(|i| (i % 251) as u8 | 1).collect();
-    let path = dir.file("data", &data);
     let mm = manager(8 * MIB);
-    let r = map_file(&mm, &path, 16);
-    for p in 0..16 {
-        set_byte(&r, p * PAGE, 0xee);
-    }
+    let (r, data, path) = common::written_file(&mm, &dir);
     // Pages 4..8 dropped with their writes unsaved: they read the file.
     dontneed(r.addr() + 4 * PAGE, 4 * PAGE);
     removed(&mm, 4);

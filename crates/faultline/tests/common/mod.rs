@@ -239,6 +239,19 @@ pub fn map_file(mm: &Manager, path: &std::path::Path, pages: usize) -> faultline
     .expect("map")
 }
 
+/// A 16-page file in `dir` (its bytes returned), mapped writable in `mm`,
+/// with the first byte of every page then written `0xee` through the
+/// region (dirty, not written back).
+pub fn written_file(mm: &Manager, dir: &ScratchDir) -> (faultline::Region, Vec<u8>, PathBuf) {
+    let data: Vec<u8> = (0..16 * 4096).map(|i| (i % 251) as u8 | 1).collect();
+    let path = dir.file("data", &data);
+    let r = map_file(mm, &path, 16);
+    for p in 0..16 {
+        set_byte(&r, p * 4096, 0xee);
+    }
+    (r, data, path)
+}
+
 /// Swap on the zram device for the life of the value; `swapoff` and a zram
 /// reset when it drops. Panics with the reason if swap cannot be set up
 /// (a test that needs swap never passes without it).
