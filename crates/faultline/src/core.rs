@@ -22,7 +22,7 @@ use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
 use crate::own_remove::OwnRemoves;
 use crate::region::RegionTable;
-use crate::removals::{MapStamps, Removals};
+use crate::removals::Retries;
 use crate::stats::Stats;
 use crate::store::Store;
 use faultline_sys::mem::PageMap;
@@ -113,11 +113,8 @@ pub(crate) struct Core {
     /// faultline's own `MADV_DONTNEED` calls on registered memory, told
     /// apart from the program's (`own_remove.rs`).
     pub(crate) own_removes: OwnRemoves,
-    /// The program's removals whose events were read and are not handled
-    /// yet (`removals.rs`).
-    pub(crate) removals: Removals,
-    /// When each frame was last moved into a region (`removals.rs`).
-    pub(crate) map_stamps: MapStamps,
+    /// Second looks of the program's removals (`removals.rs`).
+    pub(crate) removal_retries: Retries,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
     pub(crate) trace: Mutex<Vec<usize>>,
     /// The reclaim clock's hand.
@@ -175,8 +172,7 @@ impl Core {
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),
             own_removes: OwnRemoves::new(config.program_removals),
-            removals: Removals::default(),
-            map_stamps: MapStamps::new(pool.pages()),
+            removal_retries: Retries::default(),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),
@@ -328,8 +324,6 @@ impl Core {
         max: usize,
     ) -> Result<(usize, u64), SysError> {
         let stamp = self.region_stamp();
-        // Before the read: see `removals.rs`.
-        let read_at = self.map_stamps.now();
         // AcqRel: pairs with the Acquire loads in `await_unmaps`.
         self.readers.fetch_add(1, Ordering::AcqRel);
         let before = out.len();
@@ -338,14 +332,6 @@ impl Core {
             .iter()
             .filter(|e| matches!(e, Event::Unmap { .. }))
             .count();
-        for e in &out[before..] {
-            if let Event::Remove { start, end } = *e {
-                // faultline's own calls are not the program's.
-                if !self.own_removes.claim(start, end) {
-                    self.removals.add(start, end, read_at);
-                }
-            }
-        }
         if unmaps > 0 {
             self.unmaps_pending.fetch_add(unmaps, Ordering::AcqRel);
         }

@@ -27,6 +27,7 @@
 //! until that event is claimed (or [`KEEP`] has passed). Locks: the
 //! ledger's mutex (a leaf; the condition variable waits on it).
 
+use faultline_sys::SysError;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -54,6 +55,9 @@ struct Ledger {
     list: Vec<Own>,
     next_id: u64,
     stopping: bool,
+    /// The pump has returned: no own call may start (nobody would read
+    /// its event).
+    gone: bool,
 }
 
 /// See the module docs.
@@ -80,12 +84,29 @@ impl OwnRemoves {
 
     /// Runs `call` — faultline's own `MADV_DONTNEED` of `[start, end)` —
     /// with its range recorded (rule 1) and the pump watching (rule 2).
-    pub(crate) fn run<T>(&self, start: usize, end: usize, call: impl FnOnce() -> T) -> T {
+    ///
+    /// # Errors
+    /// `call`'s; `ESHUTDOWN` without calling it once the pump has returned
+    /// (the manager is shutting down: the call would wait forever).
+    pub(crate) fn run(
+        &self,
+        start: usize,
+        end: usize,
+        call: impl FnOnce() -> Result<(), SysError>,
+    ) -> Result<(), SysError> {
         if !self.on {
             return call();
         }
         let id = {
             let mut l = self.ledger.lock();
+            if l.gone {
+                return Err(SysError {
+                    op: "madvise(MADV_DONTNEED)",
+                    addr: start,
+                    len: end - start,
+                    errno: libc::ESHUTDOWN,
+                });
+            }
             let id = l.next_id;
             l.next_id += 1;
             l.list.push(Own {
@@ -94,9 +115,9 @@ impl OwnRemoves {
                 end,
                 returned: None,
             });
-            // Under the mutex the pump checks it under before it waits: it
-            // either sees the count or is waiting when notified below.
-            // (Relaxed: the mutex orders it.)
+            // Under the mutex the pump checks it under before it waits or
+            // leaves: it either sees the count or is waiting when notified
+            // below. (Relaxed: the mutex orders it.)
             self.in_flight.fetch_add(1, Ordering::Relaxed);
             id
         };
@@ -126,7 +147,8 @@ impl OwnRemoves {
         true
     }
 
-    /// Stops the pump.
+    /// Asks the pump to stop: it leaves once no own call is in flight, and
+    /// refuses later ones.
     pub(crate) fn stop(&self) {
         self.ledger.lock().stopping = true;
         self.cv.notify_all();
@@ -142,7 +164,8 @@ impl OwnRemoves {
     /// The pump thread's loop (rule 2 of the module docs): sleeps until an
     /// own call starts; while any is in flight, calls `pump` (which reads
     /// pending events into the deferred queue) — back to back for
-    /// [`PUMP_AFTER`], then every [`PUMP_AFTER`]. Returns at shutdown.
+    /// [`PUMP_AFTER`], then every [`PUMP_AFTER`]. Returns at shutdown, once
+    /// no own call is in flight; later calls are refused.
     pub(crate) fn run_pump(&self, pump: impl Fn()) {
         let mut linger_until = Instant::now();
         loop {
@@ -152,8 +175,14 @@ impl OwnRemoves {
                     self.cv.wait(&mut l);
                 }
             }
-            if self.ledger.lock().stopping {
-                return;
+            {
+                // Leaves only with no call in flight, and closes the door
+                // under the same lock (`run` checks `gone` under it).
+                let mut l = self.ledger.lock();
+                if l.stopping && self.in_flight() == 0 {
+                    l.gone = true;
+                    return;
+                }
             }
             // A call is entering `madvise`, or one came before: read the
             // event as soon as it is queued — the caller then never sleeps
@@ -185,26 +214,37 @@ mod tests {
     fn an_own_range_is_claimed_once_and_whole() {
         let own = OwnRemoves::new(true);
         // The call itself claims nothing; events come while it runs.
-        own.run(0x1000, 0x5000, || {
+        let r = own.run(0x1000, 0x5000, || {
             assert!(!own.claim(0x0, 0x2000), "reaches outside the record");
             assert!(own.claim(0x1000, 0x3000), "first mapping's part");
             assert!(own.claim(0x3000, 0x5000), "last part: the record goes");
             assert!(!own.claim(0x3000, 0x5000), "the program's, now");
+            Ok(())
         });
+        assert!(r.is_ok());
     }
 
     #[test]
     fn an_unclaimed_record_outlives_its_call_then_goes() {
         let own = OwnRemoves::new(true);
-        own.run(0x1000, 0x2000, || ());
+        let _ = own.run(0x1000, 0x2000, || Ok(()));
         // Its event may be handled after the call returned.
         assert!(own.claim(0x1000, 0x2000));
-        own.run(0x1000, 0x2000, || ());
+        let _ = own.run(0x1000, 0x2000, || Ok(()));
         {
             let mut l = own.ledger.lock();
             l.list[0].returned = Some(Instant::now() - KEEP - Duration::from_secs(1));
         }
         assert!(!own.claim(0x1000, 0x2000), "expired");
         assert!(own.ledger.lock().list.is_empty());
+    }
+
+    #[test]
+    fn after_the_pump_leaves_own_calls_are_refused_not_hung() {
+        let own = OwnRemoves::new(true);
+        own.stop();
+        own.run_pump(|| {});
+        let r = own.run(0x1000, 0x2000, || panic!("must not be called"));
+        assert_eq!(r.map_err(|e| e.errno), Err(libc::ESHUTDOWN));
     }
 }

@@ -128,9 +128,9 @@ pub struct Config {
     pub fault_mode: FaultMode,
     /// Hear the program's own `MADV_DONTNEED` / `MADV_FREE` on region memory
     /// (`UFFD_FEATURE_EVENT_REMOVE`) and give those pages' frames back at
-    /// once. Off, a dropped page keeps its frame until it is next touched
-    /// or reclaimed (its bytes are the same either way, but a page
-    /// faultline had parked keeps its data). Costs every `MADV_DONTNEED`
+    /// once (those the kernel zapped whole). Off, a dropped page keeps its
+    /// frame until it is next touched or reclaimed; what it reads is the
+    /// same either way. Costs every `MADV_DONTNEED`
     /// faultline makes itself an event round trip — the page-table drop of
     /// each 2 MiB first touch among them (`faultline bench fault`). Default
     /// on.

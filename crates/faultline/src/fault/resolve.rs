@@ -68,11 +68,6 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
         wake(core, region, page);
         return Resolution::Dying;
     }
-    if core.removals.any() {
-        // The program dropped this page and its removal is not handled yet:
-        // drop it first, so the fault serves what the drop leaves.
-        super::remove::settle(core, region, page);
-    }
     match region.state(page) {
         PageState::Absent => serve(core, region, page, how),
         PageState::Poisoned => {

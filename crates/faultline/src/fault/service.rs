@@ -41,7 +41,11 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
     let mut last_event = Instant::now();
     loop {
         match intake.turn(&core, worker) {
-            Turn::Handled(_) => last_event = Instant::now(),
+            Turn::Handled(_) => {
+                last_event = Instant::now();
+                // Second looks of removals come due under load too.
+                let _ = super::remove::retry(&core);
+            }
             Turn::Failed => {}
             Turn::Idle => {
                 // Idle: map a read-ahead window ahead of its stream, or take
@@ -67,7 +71,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                     continue;
                 }
                 // Second looks of a removal are due within a millisecond.
-                let timeout = if core.removals.has_retries() { 1 } else { -1 };
+                let timeout = if core.removal_retries.any() { 1 } else { -1 };
                 match waiter.wait(timeout) {
                     Ok(Ready::Other(0)) => return,
                     Ok(Ready::Other(_)) => {

@@ -190,9 +190,7 @@ pub(crate) unsafe fn move_range(
 
 /// Moves a frame (or run of frames) at `src` into region pages at `dst`
 /// and wakes the threads waiting there: [`move_range`] with every source
-/// page required. The frames are stamped as mapped now, whatever the
-/// outcome (`removals.rs`: a stamp too many only keeps a page from being
-/// dropped).
+/// page required.
 ///
 /// # Safety
 /// As [`move_range`].
@@ -203,10 +201,7 @@ pub(crate) unsafe fn move_in(
     len: usize,
 ) -> Result<(), MoveError> {
     // SAFETY: the caller's contract.
-    let moved = unsafe { move_range(core, dst, src, len, Holes::Forbid, true) };
-    let first = (src - core.pool.slot_addr(0)) / PAGE_SIZE;
-    core.map_stamps.stamp(first, len / PAGE_SIZE);
-    moved
+    unsafe { move_range(core, dst, src, len, Holes::Forbid, true) }
 }
 
 /// Moves resident region pages at `src` out to their frames' slots at
