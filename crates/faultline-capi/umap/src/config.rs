@@ -13,6 +13,7 @@
 //! | `UMAP_MAX_FAULT_EVENTS` | events read at once (256) | reported only: each worker reads its own |
 //! | `UMAP_READ_AHEAD` | pages read ahead | largest read-ahead run (power of two ≤ 512) |
 //! | `UMAP_MONITOR_FREQ` | print stats every N s (0: never) | the same, on stderr |
+//! | `UMAP_LOG_LEVEL` | Umap's log level | ignored: faultline's warnings (every fault error, before its SIGBUS) go to stderr; `FAULTLINE_LOG` (a `tracing` filter, e.g. `info`, `off`) changes that |
 //!
 //! Invariant: read once per process (a `OnceLock`). Locks: none.
 

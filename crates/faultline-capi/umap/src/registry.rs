@@ -92,6 +92,7 @@ pub(crate) fn started<'g>(
 ) -> Result<&'g mut Registry, String> {
     if guard.is_none() {
         let cfg = UmapConfig::get();
+        log_to_stderr();
         let mm = faultline::ManagerBuilder::from_config(cfg.manager_config()?)
             .build()
             .map_err(|e| format!("cannot start faultline: {e}"))?;
@@ -106,6 +107,19 @@ pub(crate) fn started<'g>(
     guard
         .as_mut()
         .ok_or_else(|| "faultline did not start".into())
+}
+
+/// Prints faultline's warnings (each fault error, as it is recorded: before
+/// the faulting thread gets its SIGBUS) on stderr, as Umap prints its
+/// errors; `FAULTLINE_LOG` (a `tracing` filter) changes the level. A
+/// program that installed its own subscriber keeps it.
+fn log_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FAULTLINE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Prints the manager's stats on stderr every `secs` seconds, as Umap's
