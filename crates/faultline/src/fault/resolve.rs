@@ -186,7 +186,6 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
     let (first, count, frame) = (u.first, u.count, u.frame);
     let addr = region.page_addr(first);
     let len = count * region.page_size.bytes();
-    pagemove::drop_empty_page_table(core, region, addr, len);
     // Resident before the move: the move wakes the faulting threads, and
     // what they do next (query the region, unmap it) must see the pages
     // resident. No one else can look at the state in between: we hold the
@@ -203,18 +202,28 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
             .fault_around_pages
             .fetch_add(count as u64 - 1, std::sync::atomic::Ordering::Relaxed);
     }
-    // The first 4 KiB move out of a PMD-mapped pool block splits the block's
-    // THP; two such moves at once can make the kernel report EEXIST for a
-    // move it did not complete (seen on 6.18), so they take the split lock.
-    let split = core.pool.split_guard(&frame);
-    // SAFETY: `frame` is in flight with this worker and the window's pages
-    // are absent under its locks; nothing references either range.
-    let moved = unsafe { pagemove::move_in(core, addr, core.pool.addr_of(&frame), len) };
-    if let Some(guard) = split {
-        if moved.is_ok() {
-            guard.mark_split();
+    let mut tries = 1;
+    let moved = loop {
+        let moved = move_unit(core, region, addr, len, &frame);
+        match &moved {
+            // The kernel refused this frame for a whole move deadline
+            // (`pagemove`): nothing moved. Try the same frame again — the
+            // range's page table is dropped afresh (a thread that touched
+            // the range meanwhile made one, and with it the move goes page
+            // by page, splitting the frame) — once, and once more while no
+            // other frame is free (a budget of one frame: another would
+            // never come, and the fault would be refused). Then `refused`.
+            Err(MoveError::Refused(e))
+                if transient(e)
+                    && (tries == 1
+                        || (tries < SAME_FRAME_TRIES
+                            && core.alloc.free_pages() < pages_per_unit)) =>
+            {
+                tries += 1;
+            }
+            _ => break moved,
         }
-    }
+    };
     match moved {
         Ok(()) => Resolution::Moved,
         Err(MoveError::Split { .. }) => {
@@ -235,6 +244,40 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
             refused(core, region, page, frame, e, how)
         }
     }
+}
+
+/// How many times [`map_in`] moves a frame the kernel keeps refusing.
+const SAME_FRAME_TRIES: u32 = 3;
+
+/// Moves the filled `frame` into `[addr, addr + len)`, after dropping the
+/// range's empty page table (a 2 MiB move then moves the PMD whole).
+fn move_unit(
+    core: &Core,
+    region: &RegionInner,
+    addr: usize,
+    len: usize,
+    frame: &Frame,
+) -> Result<(), MoveError> {
+    pagemove::drop_empty_page_table(core, region, addr, len);
+    // The first 4 KiB move out of a PMD-mapped pool block splits the block's
+    // THP; two such moves at once can make the kernel report EEXIST for a
+    // move it did not complete (seen on 6.18), so they take the split lock.
+    let split = core.pool.split_guard(frame);
+    // SAFETY: `frame` is in flight with this worker and the window's pages
+    // are absent under its locks; nothing references either range.
+    let moved = unsafe { pagemove::move_in(core, addr, core.pool.addr_of(frame), len) };
+    if let Some(guard) = split {
+        if moved.is_ok() {
+            guard.mark_split();
+        }
+    }
+    moved
+}
+
+/// A refusal the kernel may lift (a reference held for a moment, a split
+/// in progress, a removal event not read yet).
+fn transient(e: &faultline_sys::SysError) -> bool {
+    matches!(e.errno, libc::EAGAIN | libc::EBUSY)
 }
 
 /// A move of `frame` into the unit at `page` that moved nothing: `e` says
@@ -260,9 +303,7 @@ fn refused(
             wake(core, region, page);
             Resolution::AlreadyMapped
         }
-        MoveError::Refused(e)
-            if how.attempt < 2 && matches!(e.errno, libc::EAGAIN | libc::EBUSY) =>
-        {
+        MoveError::Refused(e) if how.attempt < 2 && transient(&e) => {
             // The kernel kept refusing this frame: try again with the
             // faulting page alone and another frame before giving up; keep
             // this frame out of the allocator until then, so the retry

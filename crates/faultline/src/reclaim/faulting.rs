@@ -63,7 +63,8 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
     // faulting, they take turns). Wait rather than fail the fault: while
     // other faults are being served the wait goes on (up to
     // `WAIT_SERVED`); after `WAIT_STUCK` without any, the fault is
-    // refused (SIGBUS, cause queued). Store calls count as progress too
+    // refused (SIGBUS, cause queued). Moves being retried count as
+    // progress ([`faults_served`]), and store calls too
     // (in flight, or ended either way): a slow store, or one failing
     // while a server restarts or fails over, keeps write-backs and fills
     // going, and the fault waits for them up to `WAIT_SERVED`.
@@ -94,8 +95,14 @@ const WAIT_STUCK: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a fault waits for a frame while others are served.
 const WAIT_SERVED: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Progress that may free a frame: faults served, and rounds of moves the
+/// kernel refuses for a moment (a fault retrying its move holds its frame
+/// for up to a few move deadlines: with a budget of one frame, the one the
+/// waiting fault will get next).
 fn faults_served(core: &Core) -> u64 {
-    core.stats.faults_4k.load(Ordering::Relaxed) + core.stats.faults_2m.load(Ordering::Relaxed)
+    core.stats.faults_4k.load(Ordering::Relaxed)
+        + core.stats.faults_2m.load(Ordering::Relaxed)
+        + core.stats.move_retries.load(Ordering::Relaxed)
 }
 
 /// A frame of `order` after a reclaim pass. The zeroing worker may have
