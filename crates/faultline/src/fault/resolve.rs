@@ -2,8 +2,8 @@
 //! for (absent: serve it; parked: move its frame back; resident: a racing
 //! fault's wake-up, or a dropped part to gather; poisoned: retry the store;
 //! gone: the program unmapped it), and for an absent page the steps in
-//! order: choose the unit and take its frame ([`super::unit`]) → fill it
-//! ([`crate::fill`]) → record the pages resident → move it in
+//! order: choose the unit, take its frame and fill it ([`super::unit`],
+//! [`crate::fill`]) → record the pages resident → move it in
 //! ([`crate::pagemove`], which wakes the faulting threads).
 //!
 //! Outcomes ([`Resolution`]): see its docs. Frame accounting: a frame
@@ -16,7 +16,6 @@ use super::unit::{self, Unit};
 use super::Resolution;
 use crate::core::Core;
 use crate::error::FaultError;
-use crate::fill::{self, FillSource};
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove::{self, MoveError};
 use crate::region::{PageState, RegionInner};
@@ -106,7 +105,7 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
     let Some(mut u) = unit::take(core, region, page, how, &mut _guards) else {
         return no_frame(core, region, page, how);
     };
-    if let Err(e) = fill_unit(core, region, page, how.addr, &mut u) {
+    if let Err(e) = unit::fill_frame(core, region, page, how.addr, &mut u) {
         core.alloc.free(u.frame);
         return poison(core, region, page, e, how);
     }
@@ -117,67 +116,6 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
         super::ahead::offer(core, region, next);
     }
     res
-}
-
-/// Fills the unit's frame (zeros in the configured order, or the store's
-/// bytes, fingerprinted for dirty tracking: [`crate::dirty`]).
-fn fill_unit(
-    core: &Core,
-    region: &RegionInner,
-    page: usize,
-    fault_addr: usize,
-    u: &mut Unit,
-) -> Result<(), FaultError> {
-    let unit = region.page_size.bytes();
-    let addr = region.page_addr(u.first);
-    let target = fault_addr.saturating_sub(addr).min(u.count * unit - 1);
-    // The store may touch another region: this thread lends its locks to
-    // that nested fault (`nesting.rs`), except for the unit's own pages.
-    let _lend =
-        (!region.store.is_zero()).then(|| core.nesting.lend(region.id, u.first..u.first + u.count));
-    // Store reads are timed (zero fills are not: no clock on that path).
-    let t0 = (!region.store.is_zero()).then(std::time::Instant::now);
-    // SAFETY: `u.frame` was just allocated (or taken from the pre-zeroed
-    // reserve), so this worker owns it.
-    let filled = unsafe {
-        fill::fill(
-            &core.pool,
-            &mut u.frame,
-            region.store.as_ref(),
-            u.first as u64,
-            unit,
-            target,
-            core.config.experiment.fill_order,
-        )
-    };
-    match filled {
-        Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
-        Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
-        Ok(FillSource::Store) => {
-            if let Some(t0) = t0 {
-                core.stats
-                    .store_reads
-                    .record(t0.elapsed().as_nanos() as u64);
-            }
-            Stats::bump(&core.stats.fills_store);
-            if region.tracks_dirt() {
-                let per_unit = (unit / PAGE_SIZE) as u32;
-                let first = u.frame.index();
-                // SAFETY: this worker owns the in-flight frame.
-                let bytes = unsafe { core.pool.bytes_mut(&mut u.frame) };
-                for (i, p) in (0u32..).zip(bytes.chunks(unit)) {
-                    // The pages take these frames in `map_in`; a move that
-                    // fails clears them again (`set_state`).
-                    region.fingerprint_frame(first + i * per_unit, crate::dirty::fingerprint(p));
-                }
-            }
-        }
-        Err(source) => {
-            let addr = region.page_addr(page);
-            return Err(FaultError::Store { addr, source });
-        }
-    }
-    Ok(())
 }
 
 /// Records the unit's pages resident and moves its filled frame in (which

@@ -1,4 +1,5 @@
-//! Choosing what one fault maps, and taking its frame: the faulting page
+//! Choosing what one fault maps, taking its frame, and filling it
+//! ([`fill_frame`]: zeros, or the store's bytes, fingerprinted): the faulting page
 //! alone; its fault-around window (zero-filled 4 KiB regions with every page
 //! of the window absent and memory plentiful); or, for store-backed 4 KiB
 //! regions continuing a sequential stream, a read-ahead run (the window
@@ -15,6 +16,8 @@
 use super::resolve::Fault;
 use crate::config::PageSize;
 use crate::core::Core;
+use crate::error::FaultError;
+use crate::fill::{self, FillSource};
 use crate::frame::{Frame, FrameAllocator};
 use crate::locks::FaultGuard;
 use crate::reclaim;
@@ -96,6 +99,67 @@ pub(super) fn take<'a>(
             }),
         None => None,
     }
+}
+
+/// Fills the unit's frame (zeros in the configured order, or the store's
+/// bytes, fingerprinted for dirty tracking: [`crate::dirty`]).
+pub(super) fn fill_frame(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    fault_addr: usize,
+    u: &mut Unit,
+) -> Result<(), FaultError> {
+    let unit = region.page_size.bytes();
+    let addr = region.page_addr(u.first);
+    let target = fault_addr.saturating_sub(addr).min(u.count * unit - 1);
+    // The store may touch another region: this thread lends its locks to
+    // that nested fault (`nesting.rs`), except for the unit's own pages.
+    let _lend =
+        (!region.store.is_zero()).then(|| core.nesting.lend(region.id, u.first..u.first + u.count));
+    // Store reads are timed (zero fills are not: no clock on that path).
+    let t0 = (!region.store.is_zero()).then(std::time::Instant::now);
+    // SAFETY: `u.frame` was just allocated (or taken from the pre-zeroed
+    // reserve), so this worker owns it.
+    let filled = unsafe {
+        fill::fill(
+            &core.pool,
+            &mut u.frame,
+            region.store.as_ref(),
+            u.first as u64,
+            unit,
+            target,
+            core.config.experiment.fill_order,
+        )
+    };
+    match filled {
+        Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
+        Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
+        Ok(FillSource::Store) => {
+            if let Some(t0) = t0 {
+                core.stats
+                    .store_reads
+                    .record(t0.elapsed().as_nanos() as u64);
+            }
+            Stats::bump(&core.stats.fills_store);
+            if region.tracks_dirt() {
+                let per_unit = (unit / PAGE_SIZE) as u32;
+                let first = u.frame.index();
+                // SAFETY: this worker owns the in-flight frame.
+                let bytes = unsafe { core.pool.bytes_mut(&mut u.frame) };
+                for (i, p) in (0u32..).zip(bytes.chunks(unit)) {
+                    // The pages take these frames in `map_in`; a move that
+                    // fails clears them again (`set_state`).
+                    region.fingerprint_frame(first + i * per_unit, crate::dirty::fingerprint(p));
+                }
+            }
+        }
+        Err(source) => {
+            let addr = region.page_addr(page);
+            return Err(FaultError::Store { addr, source });
+        }
+    }
+    Ok(())
 }
 
 /// The fault-around window `(first, count)` if it applies: a zero-filled
