@@ -151,8 +151,10 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
             // by page, splitting the frame) — once, and once more while no
             // other frame is free (a budget of one frame: another would
             // never come, and the fault would be refused). Then `refused`.
+            // Not for a window mapped ahead: nobody waits for it.
             Err(MoveError::Refused(e))
                 if transient(e)
+                    && !how.ahead
                     && (tries == 1
                         || (tries < SAME_FRAME_TRIES
                             && core.alloc.free_pages() < pages_per_unit)) =>
