@@ -1,11 +1,11 @@
 //! Choosing what one fault maps, taking its frame, and filling it
-//! ([`fill_frame`]: zeros, or the store's bytes, fingerprinted): the faulting page
-//! alone; its fault-around window (zero-filled 4 KiB regions with every page
-//! of the window absent and memory plentiful); or, for store-backed 4 KiB
-//! regions continuing a sequential stream, a read-ahead run (the window
-//! doubles while the stream lasts, up to `readahead_max`) with an
-//! asynchronous hint for the next one. A run takes one buddy frame run and
-//! one store read and is mapped with one move.
+//! ([`fill_frame`]: zeros, or the store's bytes, fingerprinted): the faulting
+//! page alone; its fault-around window (zero-filled 4 KiB regions with every
+//! page of the window absent and memory plentiful); or, for store-backed 4 KiB
+//! regions continuing a sequential stream, a read-ahead run (the window doubles
+//! while the stream lasts, up to `readahead_max`) with an asynchronous hint for
+//! the next one. A run takes one buddy frame run and one store read and is
+//! mapped with one move.
 //!
 //! Invariants: a run is a power of two of pages, all absent, starting at the
 //! faulting page (read-ahead) or at its aligned window (fault-around); the

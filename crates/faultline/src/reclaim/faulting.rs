@@ -64,12 +64,12 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
     // other faults are being served the wait goes on (up to
     // `WAIT_SERVED`); after `WAIT_STUCK` without any, the fault is
     // refused (SIGBUS, cause queued). Moves being retried count as
-    // progress ([`faults_served`]), and store calls too
+    // progress ([`progress_made`]), and store calls too
     // (in flight, or ended either way): a slow store, or one failing
     // while a server restarts or fails over, keeps write-backs and fills
     // going, and the fault waits for them up to `WAIT_SERVED`.
     let start = std::time::Instant::now();
-    let (mut seen, mut since) = (faults_served(core) + core.nesting.store_calls().1, start);
+    let (mut seen, mut since) = (progress_made(core) + core.nesting.store_calls().1, start);
     while since.elapsed() < WAIT_STUCK
         && start.elapsed() < WAIT_SERVED
         && !nothing_to_wait_for(core)
@@ -81,7 +81,7 @@ pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame
             return Some(f);
         }
         let (in_flight, ended) = core.nesting.store_calls();
-        let now = faults_served(core) + ended;
+        let now = progress_made(core) + ended;
         if now != seen || in_flight > 0 {
             (seen, since) = (now, std::time::Instant::now());
         }
@@ -99,7 +99,7 @@ const WAIT_SERVED: std::time::Duration = std::time::Duration::from_secs(60);
 /// kernel refuses for a moment (a fault retrying its move holds its frame
 /// for up to a few move deadlines: with a budget of one frame, the one the
 /// waiting fault will get next).
-fn faults_served(core: &Core) -> u64 {
+fn progress_made(core: &Core) -> u64 {
     core.stats.faults_4k.load(Ordering::Relaxed)
         + core.stats.faults_2m.load(Ordering::Relaxed)
         + core.stats.move_retries.load(Ordering::Relaxed)
