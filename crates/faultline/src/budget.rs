@@ -18,6 +18,13 @@
 //! Migration and collapse into pool 0 take idle frames back too
 //! ([`deflate`]) before they report the pool full.
 //!
+//! The budget also pays for faultline's own memory
+//! (`Config::budget_counts_overhead`, [`settle_overhead`]): the page
+//! tables of region memory and the page-state metadata, which grow with
+//! the address space touched, are matched by frames withheld, so frames
+//! plus overhead stay within what the user set. `Core::budget_lock` is
+//! held by whoever changes the budget (the user, or the settling).
+//!
 //! Invariant: a frame is refilled (all its slots populated, zero) before it
 //! is freed to the allocator. Locks: the balloon's ledger, held across each
 //! inflate or deflate, with the allocator's locks taken under it (never the
@@ -31,9 +38,65 @@ use crate::pagemove;
 use faultline_sys::SysError;
 use std::sync::atomic::Ordering;
 
-/// Pages of pool 0 within the budget now.
+/// Pages of pool 0 within the budget now: frames faults can have.
 pub(crate) fn budget_pages(core: &Core) -> usize {
     core.alloc.pages_in(0) - core.balloon.counts().1
+}
+
+/// The budget the user set, in pages: [`budget_pages`] plus the pages
+/// withheld to pay for faultline's own memory.
+pub(crate) fn user_budget_pages(core: &Core) -> usize {
+    budget_pages(core) + core.overhead_withheld.load(Ordering::Relaxed)
+}
+
+/// Pages to withhold for faultline's own memory now: what the regions'
+/// page tables and page states cost, in whole 2 MiB frames rounded up
+/// (so a 2 MiB fault still finds whole free blocks), once it reaches one
+/// (a small cost is left to the process's own slack rather than taking a
+/// frame of a small budget); at most a quarter of the budget, rounded
+/// down.
+fn overhead_target(core: &Core) -> usize {
+    let bytes: usize = core
+        .table
+        .snapshot()
+        .iter()
+        .map(|r| r.overhead_bytes())
+        .sum();
+    let huge = faultline_sys::HUGE_PAGE_SIZE;
+    let blocks = if bytes < huge {
+        0
+    } else {
+        bytes.div_ceil(huge)
+    };
+    let cap = user_budget_pages(core) / 4 / PAGES_PER_HUGE;
+    blocks.min(cap) * PAGES_PER_HUGE
+}
+
+/// Moves the pages withheld for faultline's own memory toward what it
+/// costs now: withholds idle, then free frames when it grew — never
+/// waiting: the watermarks follow the smaller budget, so reclaim frees
+/// the rest — and gives frames back once it fell by two 2 MiB frames (so
+/// a cost at a boundary does not refill a frame every call). Skipped
+/// while the user changes the budget. Returns the pages now withheld.
+pub(crate) fn settle_overhead(core: &Core) -> usize {
+    let withheld = &core.overhead_withheld;
+    let Some(_changing) = core.budget_lock.try_lock() else {
+        return withheld.load(Ordering::Relaxed);
+    };
+    let target = overhead_target(core);
+    // Relaxed: changed only under `budget_lock`, held here.
+    let held = withheld.load(Ordering::Relaxed);
+    if target > held {
+        let need = target - held;
+        let mut got = withhold_idle(core, need);
+        if got < need {
+            got += inflate(core, need - got, true, true);
+        }
+        withheld.store(held + got, Ordering::Relaxed);
+    } else if held >= target + 2 * PAGES_PER_HUGE {
+        withheld.store(held - grow(core, held - target), Ordering::Relaxed);
+    }
+    withheld.load(Ordering::Relaxed)
 }
 
 /// Free pages of pool 0 faults can have: free in the allocator, plus idle

@@ -123,6 +123,12 @@ pub(crate) struct Core {
     pub(crate) copy_jobs: Mutex<Vec<Arc<CopyJob>>>,
     /// Number of offered copies; workers look at the list only when > 0.
     pub(crate) copy_pending: AtomicUsize,
+    /// Pages of the budget withheld to pay for faultline's own memory
+    /// (`budget::settle_overhead`); changed only under `budget_lock`.
+    pub(crate) overhead_withheld: AtomicUsize,
+    /// Held by whoever changes the budget (`Manager::set_budget`, the
+    /// overhead's settling): a leaf above the balloon's ledger.
+    pub(crate) budget_lock: Mutex<()>,
 }
 
 /// A read-ahead window offered to the workers (`fault::ahead`): its first
@@ -177,6 +183,8 @@ impl Core {
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),
             copy_pending: AtomicUsize::new(0),
+            overhead_withheld: AtomicUsize::new(0),
+            budget_lock: Mutex::new(()),
             config,
             uffd,
             pool,

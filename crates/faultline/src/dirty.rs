@@ -104,7 +104,7 @@ impl Fingerprints {
 
 /// `n` zero words from a zeroed allocation (`calloc`: fresh zero pages
 /// that cost no memory until written), not a loop writing zeros.
-fn zeroed_vec(n: usize) -> Vec<AtomicU64> {
+pub(crate) fn zeroed_vec(n: usize) -> Vec<AtomicU64> {
     // `vec![0u64; n]` is allocated zeroed; `AtomicU64` has the same size,
     // alignment and bit validity as `u64`.
     let mut plain = std::mem::ManuallyDrop::new(vec![0u64; n]);

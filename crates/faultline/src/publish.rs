@@ -145,6 +145,7 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("ballooned", C, s.ballooned),
         ("unballooned", C, s.unballooned),
         ("budget_frames", G, s.budget_frames as u64),
+        ("frames_overhead", G, s.frames_overhead as u64),
         ("poison_retries", C, s.poison_retries),
         ("standby_serves", C, s.standby_serves),
         ("errors_dropped", C, s.errors_dropped),

@@ -205,6 +205,7 @@ impl Stats {
             frames_prezeroed: 0,
             metadata_bytes: 0,
             budget_frames: 0,
+            frames_overhead: 0,
             frames_total,
             frames_free,
             service,
@@ -412,6 +413,9 @@ pub struct StatsSnapshot {
     pub unballooned: u64,
     /// The budget now, in 4 KiB frames (`Manager::set_budget`).
     pub budget_frames: usize,
+    /// Of those, frames withheld to pay for faultline's own memory (page
+    /// tables and metadata: `Config::budget_counts_overhead`).
+    pub frames_overhead: usize,
     /// Faults on poisoned pages served again (the store gets another try).
     pub poison_retries: u64,
     /// Events the standby worker handled while every worker was inside a
@@ -474,12 +478,13 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "frames      {} used, {} free ({} pre-zeroed) of {} ({} MiB budget); metadata {} KiB; given back to the kernel {} MiB, taken back {} MiB",
+            "frames      {} used, {} free ({} pre-zeroed) of {} ({} MiB budget, {} MiB of it paying for page tables and metadata); metadata {} KiB; given back to the kernel {} MiB, taken back {} MiB",
             used,
             self.frames_free,
             self.frames_prezeroed,
             self.frames_total,
             (self.budget_frames * 4096) >> 20,
+            (self.frames_overhead * 4096) >> 20,
             self.metadata_bytes >> 10,
             (self.ballooned * 4096) >> 20,
             (self.unballooned * 4096) >> 20

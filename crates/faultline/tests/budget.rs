@@ -187,3 +187,72 @@ fn room_to_grow_costs_nothing_until_used() {
     assert_eq!(mm.stats().budget_frames, 64 * MIB / PAGE);
     println!("room ok");
 }
+
+/// Polls `mm`'s stats until `done` holds (the reclaimer settles the
+/// overhead every 100 ms), for up to 3 s.
+fn settle_until(
+    mm: &faultline::Manager,
+    done: impl Fn(&faultline::StatsSnapshot) -> bool,
+) -> faultline::StatsSnapshot {
+    let t0 = Instant::now();
+    loop {
+        let s = mm.stats();
+        if done(&s) || t0.elapsed() > Duration::from_secs(3) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One word in every 2 MiB block of a 4 GiB file region of 4 KiB pages
+/// makes the kernel build 2,048 page tables (8 MiB) and faultline link
+/// 2,048 page-state leaves (4 MiB): the budget pays for them with frames
+/// withheld (12 MiB and a little: 7 frames of 2 MiB), at most a quarter
+/// of it; they come back when the region goes. Every word reads back.
+/// With the switch off nothing is withheld.
+#[test]
+fn page_tables_and_metadata_are_paid_from_the_budget() {
+    if !in_child() {
+        return run_in_child(
+            "page_tables_and_metadata_are_paid_from_the_budget",
+            "overhead ok",
+        );
+    }
+    let dir = ScratchDir::new("budget-overhead");
+    let path = common::sparse_file(dir.path(), 4 << 30);
+    let blocks = (4 << 30) / (2 * MIB);
+    for (budget, counts, want) in [
+        (64 * MIB, true, 14 * MIB),
+        (32 * MIB, true, 8 * MIB),
+        (32 * MIB, false, 0),
+    ] {
+        let mut c = config(budget);
+        c.budget_counts_overhead = counts;
+        let mm = manager_with(c);
+        let r = map_file(&mm, &path, (4 << 30) / PAGE);
+        for b in 0..blocks {
+            r.store_u64(b * 2 * MIB + 8, stamp(b, 7)).expect("write");
+        }
+        let s = settle_until(&mm, |s| s.frames_overhead == want / PAGE);
+        let tables = common::proc_bytes("/proc/self/status", "VmPTE:");
+        println!(
+            "budget {} MiB, counts {counts}: VmPTE {} MiB; {s}",
+            budget >> 20,
+            tables >> 20
+        );
+        assert_eq!(s.frames_overhead, want / PAGE, "{s}");
+        assert_eq!(s.budget_frames, budget / PAGE, "{s}");
+        assert!(tables >= blocks * PAGE, "a table per block: {tables}");
+        for b in 0..blocks {
+            let got = r.load_u64(b * 2 * MIB + 8).expect("read");
+            assert_eq!(got, stamp(b, 7), "block {b}");
+        }
+        let in_use = s.frames_total - s.frames_free;
+        assert!(in_use <= (budget - want) / PAGE, "{s}");
+        drop(r);
+        let s = settle_until(&mm, |s| s.frames_overhead == 0);
+        assert_eq!(s.frames_overhead, 0, "given back with the region: {s}");
+        assert!(mm.take_error().is_none());
+    }
+    println!("overhead ok");
+}

@@ -80,6 +80,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// Count faultline's page tables and metadata against the budget
+    /// ([`Config::budget_counts_overhead`]).
+    pub fn budget_counts_overhead(mut self, on: bool) -> Self {
+        self.config.budget_counts_overhead = on;
+        self
+    }
+
     /// Whether pages of store-backed regions are reclaimed under the
     /// budget, with the background watermarks in percent of the pool free
     /// ([`Config::reclaim`]).

@@ -138,9 +138,16 @@ impl Manager {
             return self.fixed_mapping(len, page, fixed);
         }
         let core = self.core();
+        // A region of 2 MiB or more starts on a 2 MiB boundary: its 4 KiB
+        // pages then need a page table per 2 MiB, not up to two.
+        let huge = faultline_sys::HUGE_PAGE_SIZE;
+        let align = match len >= huge {
+            true => page.bytes().max(huge),
+            false => page.bytes(),
+        };
         let mut aside = Vec::new();
         loop {
-            let map = Mapping::anonymous(len, page.bytes())?;
+            let map = Mapping::anonymous(len, align)?;
             if !core.table.overlaps(map.addr(), map.addr() + len) {
                 return Ok(map);
             }

@@ -36,7 +36,8 @@ pub(super) fn snapshot_with(c: &Core, service: LatencySummary) -> StatsSnapshot 
     let mut snap = c
         .stats
         .snapshot_of(service, c.pool.pages() - withheld, free);
-    snap.budget_frames = crate::budget::budget_pages(c);
+    snap.budget_frames = crate::budget::user_budget_pages(c);
+    snap.frames_overhead = c.overhead_withheld.load(Ordering::Relaxed);
     snap.locks = c.locks.stat();
     snap.frames_prezeroed = reserve;
     let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();

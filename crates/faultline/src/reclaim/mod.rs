@@ -22,7 +22,9 @@
 //!
 //! Driven two ways: a fault that finds no free frame reclaims synchronously
 //! ([`alloc`], `faulting.rs`), and a background thread keeps free memory
-//! between the low and high watermarks of the config.
+//! between the low and high watermarks of the config. That thread also
+//! settles, every 100 ms, the frames withheld to pay for faultline's own
+//! memory (`budget::settle_overhead`).
 //!
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
 //! (a held lock is skipped: its page is busy, and a worker that reclaims while
@@ -60,6 +62,9 @@ const TICK: std::time::Duration = std::time::Duration::from_millis(10);
 /// Its longest sleep while there is nothing it can reclaim.
 const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How often the overhead counted against the budget is settled.
+const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The background reclaimer: wakes every [`TICK`] and, when free memory is
 /// below the low watermark, reclaims up to the high one; while a pass frees
 /// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
@@ -74,6 +79,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     // publication shared this thread: it does not shorten the backoff).
     let mut check_at = Instant::now() + idle;
     let mut publish_at = Instant::now() + publish::PERIOD;
+    let mut settle_at = Instant::now();
     loop {
         // The budget may change at run time (`Manager::set_budget`).
         let pages = budget::budget_pages(core);
@@ -105,6 +111,10 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
             continue;
         }
         above.note(core, high);
+        if core.config.budget_counts_overhead && Instant::now() >= settle_at {
+            budget::settle_overhead(core);
+            settle_at = Instant::now() + SETTLE_EVERY;
+        }
         let mut free = budget::free_pages(core);
         if free < low {
             // Pre-zeroed frames are free memory first (the zeroing
@@ -356,6 +366,11 @@ pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
         return Err(BudgetError::AboveMax { bytes, max });
     }
     let want = bytes / PAGE_SIZE;
+    let _changing = core.budget_lock.lock();
+    // Pages withheld for faultline's own memory become the budget's like
+    // any other withheld ones: the overhead is settled afresh against the
+    // new budget (`budget::settle_overhead`). Relaxed: under the lock.
+    core.overhead_withheld.store(0, Ordering::Relaxed);
     let now = budget::budget_pages(core);
     if want >= now {
         // Grow: withheld frames become the budget's, populated now.

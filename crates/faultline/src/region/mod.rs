@@ -119,13 +119,14 @@ impl RegionInner {
         pinned: bool,
     ) -> RegionInner {
         let n = map.len() / page_size.bytes();
+        let head = map.addr() / page_size.bytes();
         RegionInner {
             id,
             map,
             page_size,
             store,
             window_shift: window.max(1).trailing_zeros(),
-            pages: states::PageStates::new(n),
+            pages: states::PageStates::new(n, head),
             fps: None,
             dying: AtomicBool::new(false),
             holding: AtomicUsize::new(0),
@@ -167,6 +168,13 @@ impl RegionInner {
     /// Bytes of page-state metadata held now (sparse: see [`states`]).
     pub fn state_bytes(&self) -> usize {
         self.pages.bytes()
+    }
+
+    /// Memory its pages in use have cost beyond their frames: page-state
+    /// metadata and the page tables the kernel made for its mapping (an
+    /// upper bound; see [`states`]).
+    pub(crate) fn overhead_bytes(&self) -> usize {
+        self.pages.overhead_bytes()
     }
 
     /// The first page at or after `from` in any state but absent.

@@ -27,9 +27,18 @@
 //! with loom (`RUSTFLAGS="--cfg loom" cargo test --release -p faultline
 //! --lib loom`), with leaves of 4 pages and the collector replaced by a
 //! shim that never frees (`crate::sync::epoch`).
+//!
+//! It also counts the page-table pages the region's mapping has needed
+//! ([`PageStates::overhead_bytes`], counted against the budget): a table
+//! is noted when a leaf is linked over its span and never forgotten — the
+//! kernel keeps a table until its range is unmapped, though a page moved
+//! out leaves it empty. A figure, not part of the protocol: plain std
+//! atomics, Relaxed, outside loom's model.
 
 use crate::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
+use faultline_sys::PAGE_SIZE;
+use std::sync::atomic::{AtomicU64 as StdU64, AtomicUsize as StdUsize};
 
 /// Pages per leaf.
 #[cfg(not(loom))]
@@ -37,6 +46,10 @@ pub(crate) const LEAF_PAGES: usize = 512;
 /// Pages per leaf (small, so a loom model stays small).
 #[cfg(loom)]
 pub(crate) const LEAF_PAGES: usize = 4;
+
+/// Entries of a page-table page: the span of one PTE table (4 KiB pages)
+/// or one PMD table (2 MiB pages), in pages.
+const TABLE_ENTRIES: usize = 512;
 
 /// `live` of a retired leaf.
 const DEAD: u32 = u32::MAX;
@@ -72,6 +85,45 @@ pub(crate) struct PageStates {
     leaves: Box<[Atomic<Leaf>]>,
     /// Leaves linked now (for the metadata figure).
     linked: AtomicUsize,
+    tables: Tables,
+}
+
+/// The page-table pages noted so far: a bit per table span of the
+/// region's address space, and their count.
+struct Tables {
+    /// The region's first page's index within its table's span.
+    head: usize,
+    bits: Box<[StdU64]>,
+    noted: StdUsize,
+}
+
+impl Tables {
+    fn new(len: usize, head: usize) -> Tables {
+        let spans = (head + len).div_ceil(TABLE_ENTRIES);
+        Tables {
+            head,
+            bits: crate::dirty::zeroed_vec(spans.div_ceil(64)).into_boxed_slice(),
+            noted: StdUsize::new(0),
+        }
+    }
+
+    /// Notes the tables under pages `from..to` (non-empty).
+    fn note(&self, from: usize, to: usize) {
+        let first = (self.head + from) / TABLE_ENTRIES;
+        let last = (self.head + to - 1) / TABLE_ENTRIES;
+        for t in first..=last {
+            let (word, bit) = (&self.bits[t / 64], 1u64 << (t % 64));
+            // Relaxed: a figure; nothing is ordered by it.
+            let ord = std::sync::atomic::Ordering::Relaxed;
+            if word.load(ord) & bit == 0 && word.fetch_or(bit, ord) & bit == 0 {
+                self.noted.fetch_add(1, ord);
+            }
+        }
+    }
+
+    fn noted(&self) -> usize {
+        self.noted.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for PageStates {
@@ -84,13 +136,16 @@ impl std::fmt::Debug for PageStates {
 }
 
 impl PageStates {
-    /// `len` pages, all absent; allocates only the leaf pointers.
-    pub(crate) fn new(len: usize) -> PageStates {
+    /// `len` pages, all absent; allocates only the leaf pointers (and the
+    /// table bits). `head`: the first page's index within the span of its
+    /// page table (its address / page size, modulo 512).
+    pub(crate) fn new(len: usize, head: usize) -> PageStates {
         let n = len.div_ceil(LEAF_PAGES);
         PageStates {
             len,
             leaves: (0..n).map(|_| Atomic::null()).collect(),
             linked: AtomicUsize::new(0),
+            tables: Tables::new(len, head % TABLE_ENTRIES),
         }
     }
 
@@ -103,6 +158,17 @@ impl PageStates {
     pub(crate) fn bytes(&self) -> usize {
         self.leaves.len() * std::mem::size_of::<Atomic<Leaf>>()
             + self.linked.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>()
+    }
+
+    /// Memory the pages in use have cost beyond their frames, an upper
+    /// bound: the linked leaves, the pages of the pointer array touched (at
+    /// most one per table noted) and the page tables noted (4 KiB each).
+    pub(crate) fn overhead_bytes(&self) -> usize {
+        let tables = self.tables.noted();
+        let pointers = std::mem::size_of_val(&*self.leaves).min(tables * PAGE_SIZE);
+        self.linked.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>()
+            + pointers
+            + tables * PAGE_SIZE
     }
 
     /// The word of `page` (Acquire).
@@ -131,7 +197,7 @@ impl PageStates {
                 if v == 0 {
                     return 0;
                 }
-                self.install(slot, &guard);
+                self.install(page / LEAF_PAGES, &guard);
                 continue;
             };
             // Relaxed: this thread is the word's only writer.
@@ -151,8 +217,12 @@ impl PageStates {
         }
     }
 
-    /// Links a fresh leaf at `slot` unless another writer did.
-    fn install(&self, slot: &Atomic<Leaf>, guard: &Guard) {
+    /// Links a fresh leaf at slot `i` unless another writer did, and
+    /// notes the page tables under its span (a page of it is mapped next).
+    fn install(&self, i: usize, guard: &Guard) {
+        let slot = &self.leaves[i];
+        self.tables
+            .note(i * LEAF_PAGES, ((i + 1) * LEAF_PAGES).min(self.len));
         let fresh = Owned::new(Leaf::empty());
         // Release pairs with the Acquire loads of the slot; a loser's leaf
         // is dropped with the error.
@@ -248,7 +318,7 @@ mod tests {
     #[test]
     fn untouched_costs_pointers_only() {
         // 1 TiB of 4 KiB pages.
-        let s = PageStates::new(1 << 28);
+        let s = PageStates::new(1 << 28, 0);
         assert_eq!(s.bytes(), (1 << 28) / LEAF_PAGES * 8);
         assert_eq!(s.load(123_456_789), 0);
         assert_eq!(s.next_used(0), None);
@@ -258,7 +328,7 @@ mod tests {
 
     #[test]
     fn leaves_come_and_go() {
-        let s = PageStates::new(3 * LEAF_PAGES + 7);
+        let s = PageStates::new(3 * LEAF_PAGES + 7, 0);
         let base = s.bytes();
         assert_eq!(s.swap(LEAF_PAGES + 3, 9), 0);
         assert_eq!(s.swap(LEAF_PAGES + 4, 10), 0);
@@ -276,12 +346,35 @@ mod tests {
         assert_eq!(s.next_used(3 * LEAF_PAGES + 7), None);
     }
 
+    #[test]
+    fn page_tables_are_noted_once_per_span() {
+        let leaf = std::mem::size_of::<Leaf>();
+        let s = PageStates::new(4 * TABLE_ENTRIES, 0);
+        assert_eq!(s.overhead_bytes(), 0, "untouched costs nothing");
+        s.swap(3, 1);
+        s.swap(TABLE_ENTRIES + 3, 1);
+        // Two leaves, two tables, the pointer array's one page (32 bytes).
+        assert_eq!(s.overhead_bytes(), 2 * leaf + 32 + 2 * PAGE_SIZE);
+        s.swap(3, 0);
+        assert_eq!(s.overhead_bytes(), leaf + 32 + 2 * PAGE_SIZE, "tables stay");
+        s.swap(5, 1);
+        assert_eq!(
+            s.overhead_bytes(),
+            2 * leaf + 32 + 2 * PAGE_SIZE,
+            "noted once"
+        );
+        // A region starting mid-table: a leaf's span straddles two tables.
+        let t = PageStates::new(4 * TABLE_ENTRIES, TABLE_ENTRIES + 100);
+        t.swap(0, 1);
+        assert_eq!(t.tables.noted(), 2);
+    }
+
     /// Threads each own a set of pages of the same two leaves (as fault
     /// locks would) and flip them between absent and in use; every word
     /// reads back as its owner left it, and the leaves go when all pages do.
     #[test]
     fn concurrent_writers_share_leaves() {
-        let s = PageStates::new(2 * LEAF_PAGES);
+        let s = PageStates::new(2 * LEAF_PAGES, 0);
         let threads = 4;
         std::thread::scope(|sc| {
             for t in 0..threads {
@@ -310,7 +403,7 @@ mod tests {
         /// Random stores against a Vec oracle.
         #[test]
         fn against_vec_oracle(ops in proptest::collection::vec((0usize..3000, 0u32..4), 1..400)) {
-            let s = PageStates::new(3000);
+            let s = PageStates::new(3000, 0);
             let mut oracle = vec![0u32; 3000];
             for (p, v) in ops {
                 prop_assert_eq!(s.swap(p, v), oracle[p]);
@@ -342,7 +435,7 @@ mod loom_tests {
     #[test]
     fn loom_leaves_come_and_go() {
         loom::model(|| {
-            let s = Arc::new(PageStates::new(2 * LEAF_PAGES));
+            let s = Arc::new(PageStates::new(2 * LEAF_PAGES, 0));
             let a = {
                 let s = Arc::clone(&s);
                 loom::thread::spawn(move || {
