@@ -189,7 +189,7 @@ fn room_to_grow_costs_nothing_until_used() {
 }
 
 /// Polls `mm`'s stats until `done` holds (the reclaimer settles the
-/// overhead every 100 ms), for up to 3 s.
+/// overhead every 20 ms), for up to 3 s.
 fn settle_until(
     mm: &faultline::Manager,
     done: impl Fn(&faultline::StatsSnapshot) -> bool,

@@ -23,7 +23,7 @@
 //! Driven two ways: a fault that finds no free frame reclaims synchronously
 //! ([`alloc`], `faulting.rs`), and a background thread keeps free memory
 //! between the low and high watermarks of the config. That thread also
-//! settles, every 100 ms, the frames withheld to pay for faultline's own
+//! settles, every 20 ms, the frames withheld to pay for faultline's own
 //! memory (`budget::settle_overhead`).
 //!
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
@@ -63,7 +63,7 @@ const TICK: std::time::Duration = std::time::Duration::from_millis(10);
 const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How often the overhead counted against the budget is settled.
-const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The background reclaimer: wakes every [`TICK`] and, when free memory is
 /// below the low watermark, reclaims up to the high one; while a pass frees
