@@ -72,11 +72,27 @@ fn overhead_target(core: &Core) -> usize {
     blocks.min(cap) * PAGES_PER_HUGE
 }
 
+/// The pages withheld for faultline's own memory that a budget of `pages`
+/// allows (a quarter, as [`overhead_target`]): any above it become idle.
+/// Returns the pages still withheld. Caller holds `Core::budget_lock`.
+pub(crate) fn overhead_within(core: &Core, pages: usize) -> usize {
+    let withheld = &core.overhead_withheld;
+    // Relaxed: changed only under `budget_lock`, which the caller holds.
+    let held = withheld.load(Ordering::Relaxed);
+    let cap = pages / 4 / PAGES_PER_HUGE * PAGES_PER_HUGE;
+    if held > cap {
+        let n = core.balloon.ledger().unwithhold(held - cap);
+        withheld.store(held - n, Ordering::Relaxed);
+    }
+    withheld.load(Ordering::Relaxed)
+}
+
 /// Moves the pages withheld for faultline's own memory toward what it
 /// costs now: withholds idle, then free frames when it grew — never
 /// waiting: the watermarks follow the smaller budget, so reclaim frees
-/// the rest — and gives frames back once it fell by two 2 MiB frames (so
-/// a cost at a boundary does not refill a frame every call). Skipped
+/// the rest — and gives frames back, as idle ones (taken back by faults
+/// on demand), once it fell by two 2 MiB frames (so a cost at a boundary
+/// does not move a frame every call). Skipped
 /// while the user changes the budget. Returns the pages now withheld.
 pub(crate) fn settle_overhead(core: &Core) -> usize {
     let withheld = &core.overhead_withheld;
@@ -94,7 +110,12 @@ pub(crate) fn settle_overhead(core: &Core) -> usize {
         }
         withheld.store(held + got, Ordering::Relaxed);
     } else if held >= target + 2 * PAGES_PER_HUGE {
-        withheld.store(held - grow(core, held - target), Ordering::Relaxed);
+        // As idle frames, not refilled: a fault takes them back when it
+        // needs them. (Refilled now, they would add memory while the
+        // region whose cost fell — a region being dropped — still holds
+        // its page tables: a run at its cgroup's limit was killed so.)
+        let n = core.balloon.ledger().unwithhold(held - target);
+        withheld.store(held - n, Ordering::Relaxed);
     }
     withheld.load(Ordering::Relaxed)
 }

@@ -249,6 +249,23 @@ fn page_tables_and_metadata_are_paid_from_the_budget() {
         }
         let in_use = s.frames_total - s.frames_free;
         assert!(in_use <= (budget - want) / PAGE, "{s}");
+        if budget == 64 * MIB {
+            // A budget set at run time keeps paying, within its quarter.
+            mm.set_budget(32 * MIB).expect("shrink");
+            let s = mm.stats();
+            assert_eq!(
+                (s.budget_frames, s.frames_overhead),
+                (32 * MIB / PAGE, 8 * MIB / PAGE),
+                "{s}"
+            );
+            mm.set_budget(64 * MIB).expect("grow");
+            let s = settle_until(&mm, |s| s.frames_overhead == want / PAGE);
+            assert_eq!(
+                (s.budget_frames, s.frames_overhead),
+                (64 * MIB / PAGE, want / PAGE),
+                "{s}"
+            );
+        }
         drop(r);
         let s = settle_until(&mm, |s| s.frames_overhead == 0);
         assert_eq!(s.frames_overhead, 0, "given back with the region: {s}");

@@ -365,12 +365,10 @@ pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
     if bytes > max {
         return Err(BudgetError::AboveMax { bytes, max });
     }
-    let want = bytes / PAGE_SIZE;
     let _changing = core.budget_lock.lock();
-    // Pages withheld for faultline's own memory become the budget's like
-    // any other withheld ones: the overhead is settled afresh against the
-    // new budget (`budget::settle_overhead`). Relaxed: under the lock.
-    core.overhead_withheld.store(0, Ordering::Relaxed);
+    // The frames for faultline's own memory stay withheld, as much of
+    // them as the new budget allows; the rest of it is frames.
+    let want = bytes / PAGE_SIZE - budget::overhead_within(core, bytes / PAGE_SIZE);
     let now = budget::budget_pages(core);
     if want >= now {
         // Grow: withheld frames become the budget's, populated now.
@@ -389,7 +387,7 @@ pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
         if freed == 0 && std::time::Instant::now() > deadline {
             return Err(BudgetError::Busy {
                 bytes,
-                reached: budget::budget_pages(core) * PAGE_SIZE,
+                reached: budget::user_budget_pages(core) * PAGE_SIZE,
             });
         }
     }
