@@ -258,13 +258,13 @@ fn page_tables_and_metadata_are_paid_from_the_budget() {
                 (32 * MIB / PAGE, 8 * MIB / PAGE),
                 "{s}"
             );
+            // Growing back lifts the cap; the cost itself fell a little
+            // (the shrink evicted pages, and their leaves went).
             mm.set_budget(64 * MIB).expect("grow");
-            let s = settle_until(&mm, |s| s.frames_overhead == want / PAGE);
-            assert_eq!(
-                (s.budget_frames, s.frames_overhead),
-                (64 * MIB / PAGE, want / PAGE),
-                "{s}"
-            );
+            let s = settle_until(&mm, |s| s.frames_overhead > 8 * MIB / PAGE);
+            assert_eq!(s.budget_frames, 64 * MIB / PAGE, "{s}");
+            assert!(s.frames_overhead > 8 * MIB / PAGE, "{s}");
+            assert!(s.frames_overhead <= want / PAGE, "{s}");
         }
         drop(r);
         let s = settle_until(&mm, |s| s.frames_overhead == 0);
