@@ -72,6 +72,26 @@ fn overhead_target(core: &Core) -> usize {
     blocks.min(cap) * PAGES_PER_HUGE
 }
 
+/// A frame of `order` for a fault that found none by any other means (no
+/// page can be reclaimed: zero-store or pinned pages hold the budget):
+/// frames withheld for faultline's own memory give way, 2 MiB at a time,
+/// as idle frames. faultline then exceeds its budget by its overhead, as
+/// it did before counting it, rather than refusing a fault that fitted.
+/// The settling takes them again only as they come free.
+pub(crate) fn borrow_overhead(core: &Core, order: u8) -> Option<Frame> {
+    let withheld = &core.overhead_withheld;
+    let _changing = core.budget_lock.lock();
+    // Relaxed: changed only under `budget_lock`, held here.
+    let held = withheld.load(Ordering::Relaxed);
+    if held == 0 {
+        return None;
+    }
+    let want = held.min(PAGES_PER_HUGE.max(1 << order));
+    let n = core.balloon.ledger().unwithhold(want);
+    withheld.store(held - n, Ordering::Relaxed);
+    alloc_in(core, 0, order)
+}
+
 /// The pages withheld for faultline's own memory that a budget of `pages`
 /// allows (a quarter, as [`overhead_target`]): any above it become idle.
 /// Returns the pages still withheld. Caller holds `Core::budget_lock`.

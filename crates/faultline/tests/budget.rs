@@ -273,3 +273,28 @@ fn page_tables_and_metadata_are_paid_from_the_budget() {
     }
     println!("overhead ok");
 }
+
+/// Frames withheld for overhead give way to a fault nothing else can
+/// serve: zero-store pages (never reclaimed) filling what the budget had
+/// room for before the overhead was counted are all served, and read
+/// back.
+#[test]
+fn overhead_frames_give_way_to_faults_that_fit_the_budget() {
+    let dir = ScratchDir::new("budget-borrow");
+    let path = common::sparse_file(dir.path(), 4 << 30);
+    let mm = manager_with(config(32 * MIB));
+    let sparse = map_file(&mm, &path, (4 << 30) / PAGE);
+    for b in 0..(4 << 30) / (2 * MIB) {
+        sparse.store_u64(b * 2 * MIB, 1).expect("write");
+    }
+    let s = settle_until(&mm, |s| s.frames_overhead == 8 * MIB / PAGE);
+    assert_eq!(s.frames_overhead, 8 * MIB / PAGE, "{s}");
+    // 28 MiB of zero-store pages: more than the 24 MiB of frames left.
+    let zero = mm.map(28 * MIB, Zero, MapOptions::new()).expect("map");
+    write_all(&zero, 9);
+    check_all(&zero, 9);
+    let s = mm.stats();
+    println!("{s}");
+    assert!(s.frames_overhead <= 4 * MIB / PAGE, "{s}");
+    assert!(mm.take_error().is_none());
+}

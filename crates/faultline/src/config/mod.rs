@@ -142,7 +142,9 @@ pub struct Config {
     /// budget: whole 2 MiB frames are withheld, rounded up, once the
     /// overhead reaches 2 MiB (below that it is not counted), at most a
     /// quarter of the budget. A random reader over 2 GiB of 4 KiB pages
-    /// costs 6.3 MiB this way (4 frames withheld). Default on.
+    /// costs 6.3 MiB this way (4 frames withheld). A fault that nothing
+    /// else can serve (zero-store or pinned pages hold the rest) takes
+    /// withheld frames back rather than fail. Default on.
     pub budget_counts_overhead: bool,
     /// The seeds' experiment switches and their pre-seed baselines (lock
     /// table, per-CPU lists, clear order, lookup cache, migration copy).

@@ -1,7 +1,7 @@
 //! Reclaim for a fault that finds no free frame ([`alloc`]): the
 //! pre-zeroed reserve and idle memory first, then synchronous clock passes,
-//! then a bounded wait — refused (SIGBUS, cause queued) only when nothing
-//! can free a frame: no reclaimable page holds one, no other store-backed
+//! then a bounded wait, then frames withheld for faultline's own memory —
+//! refused (SIGBUS, cause queued) only when nothing can free a frame: no reclaimable page holds one, no other store-backed
 //! fault or reclaim pass is in flight, or no fault at all was served for
 //! [`WAIT_STUCK`].
 //!
@@ -17,9 +17,16 @@ use std::sync::atomic::Ordering;
 
 /// Allocates a frame of `order`; if none is free, gives the pre-zeroed
 /// reserve back to the allocator (its frames stay marked zero), then
-/// reclaims synchronously, trying again after each step. `held` is the
-/// index of the fault lock the caller holds, if any.
+/// reclaims synchronously, trying again after each step; last, takes
+/// frames withheld to pay for faultline's own memory
+/// ([`budget::borrow_overhead`]). `held` is the index of the fault lock
+/// the caller holds, if any.
 pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame> {
+    alloc_within(core, order, held).or_else(|| budget::borrow_overhead(core, order))
+}
+
+/// [`alloc`] within the frames of the budget.
+fn alloc_within(core: &Core, order: u8, held: Option<usize>) -> Option<Frame> {
     if let Some(f) = core.alloc.alloc(order) {
         return Some(f);
     }
