@@ -18,12 +18,9 @@
 //! Migration and collapse into pool 0 take idle frames back too
 //! ([`deflate`]) before they report the pool full.
 //!
-//! The budget also pays for faultline's own memory
-//! (`Config::budget_counts_overhead`, [`settle_overhead`]): the page
-//! tables of region memory and the page-state metadata, which grow with
-//! the address space touched, are matched by frames withheld, so frames
-//! plus overhead stay within what the user set. `Core::budget_lock` is
-//! held by whoever changes the budget (the user, or the settling).
+//! Part of the budget may pay for faultline's own memory instead of
+//! frames (`crate::overhead`): [`user_budget_pages`] is the budget as set,
+//! [`budget_pages`] the frames within it.
 //!
 //! Invariant: a frame is refilled (all its slots populated, zero) before it
 //! is freed to the allocator. Locks: the balloon's ledger, held across each
@@ -47,97 +44,6 @@ pub(crate) fn budget_pages(core: &Core) -> usize {
 /// withheld to pay for faultline's own memory.
 pub(crate) fn user_budget_pages(core: &Core) -> usize {
     budget_pages(core) + core.overhead_withheld.load(Ordering::Relaxed)
-}
-
-/// Pages to withhold for faultline's own memory now: what the regions'
-/// page tables and page states cost, in whole 2 MiB frames rounded up
-/// (so a 2 MiB fault still finds whole free blocks), once it reaches one
-/// (a small cost is left to the process's own slack rather than taking a
-/// frame of a small budget); at most a quarter of the budget, rounded
-/// down.
-fn overhead_target(core: &Core) -> usize {
-    let bytes: usize = core
-        .table
-        .snapshot()
-        .iter()
-        .map(|r| r.overhead_bytes())
-        .sum();
-    let huge = faultline_sys::HUGE_PAGE_SIZE;
-    let blocks = if bytes < huge {
-        0
-    } else {
-        bytes.div_ceil(huge)
-    };
-    let cap = user_budget_pages(core) / 4 / PAGES_PER_HUGE;
-    blocks.min(cap) * PAGES_PER_HUGE
-}
-
-/// A frame of `order` for a fault that found none by any other means (no
-/// page can be reclaimed: zero-store or pinned pages hold the budget):
-/// frames withheld for faultline's own memory give way, 2 MiB at a time,
-/// as idle frames. faultline then exceeds its budget by its overhead, as
-/// it did before counting it, rather than refusing a fault that fitted.
-/// The settling takes them again only as they come free.
-pub(crate) fn borrow_overhead(core: &Core, order: u8) -> Option<Frame> {
-    let withheld = &core.overhead_withheld;
-    let _changing = core.budget_lock.lock();
-    // Relaxed: changed only under `budget_lock`, held here.
-    let held = withheld.load(Ordering::Relaxed);
-    if held == 0 {
-        return None;
-    }
-    let want = held.min(PAGES_PER_HUGE.max(1 << order));
-    let n = core.balloon.ledger().unwithhold(want);
-    withheld.store(held - n, Ordering::Relaxed);
-    alloc_in(core, 0, order)
-}
-
-/// The pages withheld for faultline's own memory that a budget of `pages`
-/// allows (a quarter, as [`overhead_target`]): any above it become idle.
-/// Returns the pages still withheld. Caller holds `Core::budget_lock`.
-pub(crate) fn overhead_within(core: &Core, pages: usize) -> usize {
-    let withheld = &core.overhead_withheld;
-    // Relaxed: changed only under `budget_lock`, which the caller holds.
-    let held = withheld.load(Ordering::Relaxed);
-    let cap = pages / 4 / PAGES_PER_HUGE * PAGES_PER_HUGE;
-    if held > cap {
-        let n = core.balloon.ledger().unwithhold(held - cap);
-        withheld.store(held - n, Ordering::Relaxed);
-    }
-    withheld.load(Ordering::Relaxed)
-}
-
-/// Moves the pages withheld for faultline's own memory toward what it
-/// costs now: withholds idle, then free frames when it grew — never
-/// waiting: the watermarks follow the smaller budget, so reclaim frees
-/// the rest — and gives frames back, as idle ones (taken back by faults
-/// on demand), once it fell by two 2 MiB frames (so a cost at a boundary
-/// does not move a frame every call). Skipped
-/// while the user changes the budget. Returns the pages now withheld.
-pub(crate) fn settle_overhead(core: &Core) -> usize {
-    let withheld = &core.overhead_withheld;
-    let Some(_changing) = core.budget_lock.try_lock() else {
-        return withheld.load(Ordering::Relaxed);
-    };
-    let target = overhead_target(core);
-    // Relaxed: changed only under `budget_lock`, held here.
-    let held = withheld.load(Ordering::Relaxed);
-    if target > held {
-        let need = target - held;
-        let mut got = withhold_idle(core, need);
-        if got < need {
-            got += inflate(core, need - got, true, true);
-        }
-        withheld.store(held + got, Ordering::Relaxed);
-    } else if held >= target + 2 * PAGES_PER_HUGE {
-        // As idle frames, not refilled: a fault takes them back when it
-        // needs them. (Refilled now, they would add memory while the
-        // region whose cost fell — a region being dropped — still holds
-        // its page tables: a run at its cgroup's limit was killed so.)
-        let n = core.balloon.ledger().unwithhold(held - target);
-        withheld.store(held - n, Ordering::Relaxed);
-    }
-    withheld.load(Ordering::Relaxed)
 }
 
 /// Free pages of pool 0 faults can have: free in the allocator, plus idle

@@ -124,10 +124,13 @@ pub(crate) struct Core {
     /// Number of offered copies; workers look at the list only when > 0.
     pub(crate) copy_pending: AtomicUsize,
     /// Pages of the budget withheld to pay for faultline's own memory
-    /// (`budget::settle_overhead`); changed only under `budget_lock`.
+    /// (`overhead.rs`); changed only under `budget_lock`.
     pub(crate) overhead_withheld: AtomicUsize,
-    /// Held by whoever changes the budget (`Manager::set_budget`, the
-    /// overhead's settling): a leaf above the balloon's ledger.
+    /// Held while the budget's share of withheld frames changes
+    /// (`Manager::set_budget`'s balloon moves, `overhead.rs`) and by the
+    /// stats to read it. Order: a fault lock, then this, then the ledger
+    /// and the allocator's locks; its holders never take a fault lock,
+    /// call a store or wait for a fault.
     pub(crate) budget_lock: Mutex<()>,
 }
 

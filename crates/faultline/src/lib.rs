@@ -43,6 +43,7 @@ mod locks;
 mod memops;
 mod migrate;
 mod nesting;
+mod overhead;
 mod own_remove;
 mod pagemove;
 mod publish;

@@ -139,9 +139,10 @@ pub struct Config {
     /// the kernel makes for region memory (a 4 KiB table per 2 MiB of
     /// 4 KiB pages touched, kept until the region is unmapped) and the
     /// page-state metadata, so that frames plus overhead stay within the
-    /// budget: whole 2 MiB frames are withheld, rounded up, once the
-    /// overhead reaches 2 MiB (below that it is not counted), at most a
-    /// quarter of the budget. A random reader over 2 GiB of 4 KiB pages
+    /// budget: counted in 2 MiB frames, rounded up, once the overhead
+    /// reaches 2 MiB (below that it is not counted), at most a quarter of
+    /// the budget; settled by the background reclaimer (so only with
+    /// `reclaim` on), from free memory above its low watermark. A random reader over 2 GiB of 4 KiB pages
     /// costs 6.3 MiB this way (4 frames withheld). A fault that nothing
     /// else can serve (zero-store or pinned pages hold the rest) takes
     /// withheld frames back rather than fail. Default on.

@@ -2,7 +2,7 @@
 //! `Manager::stats`), the merged service times with their percentiles, the
 //! walk counting resident and parked pages, and the activity sum that tells
 //! an idle manager from a working one. Locks: those `snapshot` takes (the
-//! reserve, the balloon's ledger, each fault lock and histogram mutex in
+//! reserve, the budget's lock and the balloon's ledger under it, each fault lock and histogram mutex in
 //! turn, briefly).
 
 use crate::core::Core;
@@ -28,16 +28,20 @@ pub(super) fn snapshot_with(c: &Core, service: LatencySummary) -> StatsSnapshot 
     // Frames given back to the kernel: idle ones are free memory (taken
     // back on demand); withheld ones are outside the budget.
     // (Under the ledger's lock, frames in the middle of an inflate or
-    // deflate are counted once.)
+    // deflate are counted once; under the budget's, the overhead's share
+    // of the withheld frames is the ledger's.)
+    let changing = c.budget_lock.lock();
     let ledger = c.balloon.ledger();
     let (held, withheld) = ledger.counts();
     let free = c.alloc.free_pages() + reserve + (held - withheld);
+    let overhead = c.overhead_withheld.load(Ordering::Relaxed);
     drop(ledger);
+    drop(changing);
     let mut snap = c
         .stats
         .snapshot_of(service, c.pool.pages() - withheld, free);
-    snap.budget_frames = crate::budget::user_budget_pages(c);
-    snap.frames_overhead = c.overhead_withheld.load(Ordering::Relaxed);
+    snap.budget_frames = c.alloc.pages_in(0) - withheld + overhead;
+    snap.frames_overhead = overhead;
     snap.locks = c.locks.stat();
     snap.frames_prezeroed = reserve;
     let states: usize = c.table.snapshot().iter().map(|r| r.state_bytes()).sum();

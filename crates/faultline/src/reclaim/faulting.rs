@@ -19,10 +19,10 @@ use std::sync::atomic::Ordering;
 /// reserve back to the allocator (its frames stay marked zero), then
 /// reclaims synchronously, trying again after each step; last, takes
 /// frames withheld to pay for faultline's own memory
-/// ([`budget::borrow_overhead`]). `held` is the index of the fault lock
+/// ([`crate::overhead::borrow`]). `held` is the index of the fault lock
 /// the caller holds, if any.
 pub(crate) fn alloc(core: &Core, order: u8, held: Option<usize>) -> Option<Frame> {
-    alloc_within(core, order, held).or_else(|| budget::borrow_overhead(core, order))
+    alloc_within(core, order, held).or_else(|| crate::overhead::borrow(core, order))
 }
 
 /// [`alloc`] within the frames of the budget.

@@ -23,8 +23,8 @@
 //! Driven two ways: a fault that finds no free frame reclaims synchronously
 //! ([`alloc`], `faulting.rs`), and a background thread keeps free memory
 //! between the low and high watermarks of the config. That thread also
-//! settles, every 20 ms, the frames withheld to pay for faultline's own
-//! memory (`budget::settle_overhead`).
+//! settles the frames withheld to pay for faultline's own memory
+//! (`overhead::settle`) at its checks, every 20 ms at most.
 //!
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
 //! (a held lock is skipped: its page is busy, and a worker that reclaims while
@@ -112,7 +112,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         }
         above.note(core, high);
         if core.config.budget_counts_overhead && Instant::now() >= settle_at {
-            budget::settle_overhead(core);
+            crate::overhead::settle(core, low);
             settle_at = Instant::now() + SETTLE_EVERY;
         }
         let mut free = budget::free_pages(core);
@@ -365,10 +365,12 @@ pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
     if bytes > max {
         return Err(BudgetError::AboveMax { bytes, max });
     }
-    let _changing = core.budget_lock.lock();
-    // The frames for faultline's own memory stay withheld, as much of
-    // them as the new budget allows; the rest of it is frames.
-    let want = bytes / PAGE_SIZE - budget::overhead_within(core, bytes / PAGE_SIZE);
+    // The frames for faultline's own memory stay withheld, as many as the
+    // new budget allows; the rest of it is frames. `budget_lock` is held
+    // around the balloon's moves, never across reclaim (a store call; a
+    // fault may wait for the lock: see `overhead`).
+    let changing = core.budget_lock.lock();
+    let want = bytes / PAGE_SIZE - crate::overhead::within(core, bytes / PAGE_SIZE);
     let now = budget::budget_pages(core);
     if want >= now {
         // Grow: withheld frames become the budget's, populated now.
@@ -377,9 +379,13 @@ pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
     }
     let mut need = now - want;
     need -= budget::withhold_idle(core, need);
+    drop(changing);
     let deadline = std::time::Instant::now() + SHRINK_WAIT;
     while need > 0 {
-        need -= budget::inflate(core, need, true, true);
+        need -= {
+            let _changing = core.budget_lock.lock();
+            budget::inflate(core, need, true, true)
+        };
         if need == 0 {
             break;
         }

@@ -160,9 +160,11 @@ impl PageStates {
             + self.linked.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>()
     }
 
-    /// Memory the pages in use have cost beyond their frames, an upper
-    /// bound: the linked leaves, the pages of the pointer array touched (at
-    /// most one per table noted) and the page tables noted (4 KiB each).
+    /// Memory the pages in use have cost beyond their frames: the linked
+    /// leaves, the pages of the pointer array touched (at most one per
+    /// table noted) and the page tables noted (4 KiB each) — an upper
+    /// bound of the last-level tables; the levels above (one table per
+    /// 512 of these) and the table bits themselves are not counted.
     pub(crate) fn overhead_bytes(&self) -> usize {
         let tables = self.tables.noted();
         let pointers = std::mem::size_of_val(&*self.leaves).min(tables * PAGE_SIZE);
