@@ -31,6 +31,7 @@ const LAYERS: &[&str] = &[
     "writeback",
     "discard",
     "budget",
+    "overhead",
     "publish",
     "reclaim",
     "migrate",
