@@ -61,9 +61,10 @@ pub struct OocOpts {
     pub budget_mib: Option<usize>,
     /// The memory cgroup limit of every run, kernel and faultline alike, in
     /// MiB (default: 64 with --quick, 256 without; with --budget-mib,
-    /// budget x 9/8 plus faultline's metadata outside its budget: at most
-    /// 1/1024 of the data for page states and 1/256 of the budget for
-    /// fingerprints).
+    /// budget x 9/8 — faultline's page tables and page states are paid
+    /// from its budget, up to a quarter of it — plus what of them is
+    /// beyond that quarter: at most 1/512 of the data for page tables and
+    /// 1/1024 for page states).
     #[arg(long)]
     pub memory_mib: Option<usize>,
 }
@@ -82,7 +83,7 @@ fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usi
     let (limit, budget, len) = match budget.map(|b| b.next_multiple_of(2 << 20)) {
         Some(budget) => {
             let len = data.unwrap_or(5 * budget);
-            let limit = budget / 8 * 9 + metadata(budget, len);
+            let limit = budget / 8 * 9 + unpaid(budget, len);
             (
                 memory.unwrap_or(limit.next_multiple_of(1 << 20)),
                 budget,
@@ -95,9 +96,9 @@ fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usi
             (limit, budget, data.unwrap_or(limit * 4))
         }
     };
-    if budget + metadata(budget, len) > limit {
+    if budget + unpaid(budget, len) > limit {
         bail!(
-            "a {} MiB limit leaves faultline (budget {} MiB) no room for its per-page metadata of a {} MiB file: \
+            "a {} MiB limit leaves faultline (budget {} MiB) no room for the page tables and page states of a {} MiB file: \
              raise --memory-mib or lower --budget-mib",
             limit >> 20,
             budget >> 20,
@@ -107,10 +108,12 @@ fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usi
     Ok((limit, budget, len))
 }
 
-/// faultline's metadata outside its budget, at most: a 2 KiB page-state
-/// leaf per 2 MiB of data (all touched) and 16 bytes per frame.
-fn metadata(budget: usize, len: usize) -> usize {
-    len / 1024 + budget / 256
+/// faultline's own memory beyond what its budget pays for
+/// (`Config::budget_counts_overhead`: up to a quarter of the budget), at
+/// most: a 4 KiB page table and a 2 KiB page-state leaf per 2 MiB of data
+/// (all touched).
+fn unpaid(budget: usize, len: usize) -> usize {
+    (len / 512 + len / 1024).saturating_sub(budget / 4)
 }
 
 /// Application threads of every run (and the random device queue depth).
@@ -409,13 +412,18 @@ mod tests {
         assert_eq!(sizes_of(&["--quick"]).ok(), Some((64, 52, 256)));
         assert_eq!(
             sizes_of(&["--data-mib", "2048", "--budget-mib", "64"]).ok(),
-            Some((75, 64, 2048))
+            Some((72, 64, 2048))
         );
         assert_eq!(
             sizes_of(&["--memory-mib", "128", "--data-mib", "1024"]).ok(),
             Some((128, 104, 1024))
         );
         assert!(sizes_of(&["--data-mib", "16384"]).is_err(), "no room");
+        assert_eq!(
+            sizes_of(&["--data-mib", "16384", "--budget-mib", "64"]).ok(),
+            Some((104, 64, 16384)),
+            "48 MiB of tables and leaves, 16 paid from the budget"
+        );
         assert!(sizes_of(&["--budget-mib", "0"]).is_err());
     }
 }
