@@ -85,9 +85,18 @@ pub(crate) fn settle(core: &Core, low: usize) {
         }
         withheld.store(held + got, Ordering::Relaxed);
     } else if held >= target + 2 * PAGES_PER_HUGE {
-        let n = core.balloon.ledger().unwithhold(held - target);
-        withheld.store(held - n, Ordering::Relaxed);
+        give_back(core, held, held - target);
     }
+}
+
+/// Makes `pages` of the `held` pages withheld for overhead idle (faults
+/// take them back on demand); returns how many. Caller holds
+/// `Core::budget_lock` and read `held` under it.
+fn give_back(core: &Core, held: usize, pages: usize) -> usize {
+    let n = core.balloon.ledger().unwithhold(pages);
+    // Relaxed: changed only under `budget_lock`, which the caller holds.
+    core.overhead_withheld.store(held - n, Ordering::Relaxed);
+    n
 }
 
 /// A frame of `order` for a fault that found none by any other means (no
@@ -108,11 +117,7 @@ pub(crate) fn borrow(core: &Core, order: u8) -> Option<Frame> {
         if held == 0 {
             return None;
         }
-        let n = core
-            .balloon
-            .ledger()
-            .unwithhold(held.min(PAGES_PER_HUGE.max(1 << order)));
-        withheld.store(held - n, Ordering::Relaxed);
+        let n = give_back(core, held, held.min(PAGES_PER_HUGE.max(1 << order)));
         if let Some(f) = alloc_in(core, 0, order) {
             return Some(f);
         }
@@ -131,8 +136,7 @@ pub(crate) fn within(core: &Core, pages: usize) -> usize {
     let held = withheld.load(Ordering::Relaxed);
     let cap = cap(pages) * PAGES_PER_HUGE;
     if held > cap {
-        let n = core.balloon.ledger().unwithhold(held - cap);
-        withheld.store(held - n, Ordering::Relaxed);
+        give_back(core, held, held - cap);
     }
     withheld.load(Ordering::Relaxed)
 }

@@ -141,9 +141,10 @@ impl Manager {
         // A region of 2 MiB or more starts on a 2 MiB boundary: its 4 KiB
         // pages then need a page table per 2 MiB, not up to two.
         let huge = faultline_sys::HUGE_PAGE_SIZE;
-        let align = match len >= huge {
-            true => page.bytes().max(huge),
-            false => page.bytes(),
+        let align = if len >= huge {
+            page.bytes().max(huge)
+        } else {
+            page.bytes()
         };
         let mut aside = Vec::new();
         loop {

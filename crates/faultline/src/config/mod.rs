@@ -142,8 +142,9 @@ pub struct Config {
     /// budget: counted in 2 MiB frames, rounded up, once the overhead
     /// reaches 2 MiB (below that it is not counted), at most a quarter of
     /// the budget; settled by the background reclaimer (so only with
-    /// `reclaim` on), from free memory above its low watermark. A random reader over 2 GiB of 4 KiB pages
-    /// costs 6.3 MiB this way (4 frames withheld). A fault that nothing
+    /// `reclaim` on), from free memory above its low watermark. A random
+    /// reader over 2 GiB of 4 KiB pages costs 6.3 MiB this way (4 frames
+    /// withheld). A fault that nothing
     /// else can serve (zero-store or pinned pages hold the rest) takes
     /// withheld frames back rather than fail. Default on.
     pub budget_counts_overhead: bool,

@@ -2,8 +2,8 @@
 //! `Manager::stats`), the merged service times with their percentiles, the
 //! walk counting resident and parked pages, and the activity sum that tells
 //! an idle manager from a working one. Locks: those `snapshot` takes (the
-//! reserve, the budget's lock and the balloon's ledger under it, each fault lock and histogram mutex in
-//! turn, briefly).
+//! reserve, the budget's lock and the balloon's ledger under it, each
+//! fault lock and histogram mutex in turn, briefly).
 
 use crate::core::Core;
 use crate::frame::FrameAllocator;

@@ -1,9 +1,9 @@
 //! Reclaim for a fault that finds no free frame ([`alloc`]): the
 //! pre-zeroed reserve and idle memory first, then synchronous clock passes,
 //! then a bounded wait, then frames withheld for faultline's own memory —
-//! refused (SIGBUS, cause queued) only when nothing can free a frame: no reclaimable page holds one, no other store-backed
-//! fault or reclaim pass is in flight, or no fault at all was served for
-//! [`WAIT_STUCK`].
+//! refused (SIGBUS, cause queued) only when nothing can free a frame: no
+//! reclaimable page holds one, no other store-backed fault or reclaim pass
+//! is in flight, or no fault at all was served for [`WAIT_STUCK`].
 //!
 //! Locks: those of [`super::reclaim`] (fault locks by `try_lock`); the
 //! caller holds its own page's fault lock (`held`).
