@@ -21,7 +21,7 @@ use crate::frame::{Balloon, Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
 use crate::own_remove::OwnRemoves;
-use crate::region::RegionTable;
+use crate::region::{OverheadSum, RegionTable};
 use crate::removals::Retries;
 use crate::stats::Stats;
 use crate::store::Store;
@@ -123,6 +123,9 @@ pub(crate) struct Core {
     pub(crate) copy_jobs: Mutex<Vec<Arc<CopyJob>>>,
     /// Number of offered copies; workers look at the list only when > 0.
     pub(crate) copy_pending: AtomicUsize,
+    /// What the page tables and page states of every region alive cost
+    /// (kept by the regions as they grow; read by `overhead.rs`).
+    pub(crate) overhead_sum: Arc<OverheadSum>,
     /// Pages of the budget withheld to pay for faultline's own memory
     /// (`overhead.rs`); changed only under `budget_lock`.
     pub(crate) overhead_withheld: AtomicUsize,
@@ -186,6 +189,7 @@ impl Core {
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),
             copy_pending: AtomicUsize::new(0),
+            overhead_sum: Arc::default(),
             overhead_withheld: AtomicUsize::new(0),
             budget_lock: Mutex::new(()),
             config,

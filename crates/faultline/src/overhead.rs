@@ -1,7 +1,7 @@
 //! The budget pays for faultline's own memory
 //! (`Config::budget_counts_overhead`): the kernel's page tables for region
 //! memory and the page-state leaves, which grow with the address space
-//! touched rather than the data held (`RegionInner::overhead_bytes`), are
+//! touched rather than the data held (`region::OverheadSum`), are
 //! matched by frames withheld through the balloon, so that frames plus
 //! overhead stay within the budget the user set.
 //!
@@ -31,16 +31,12 @@ use std::sync::atomic::Ordering;
 const SMALL_PER_SETTLE: usize = 64;
 
 /// Pages to withhold now: what the regions' page tables and page states
-/// cost, counted in 2 MiB frames rounded up once it reaches one (a small
+/// cost (their running sum, `Core::overhead_sum`: regions still alive,
+/// whose mappings still stand, in or out of the table), counted in 2 MiB frames rounded up once it reaches one (a small
 /// cost is left to the process's slack rather than taking a frame of a
 /// small budget), at most a quarter of the budget, rounded down.
 fn target(core: &Core) -> usize {
-    let bytes: usize = core
-        .table
-        .snapshot()
-        .iter()
-        .map(|r| r.overhead_bytes())
-        .sum();
+    let bytes = core.overhead_sum.bytes();
     let huge = faultline_sys::HUGE_PAGE_SIZE;
     let blocks = if bytes < huge {
         0

@@ -213,7 +213,8 @@ impl Manager {
         let store: Arc<dyn Store> = Arc::new(Guarded(store));
         let inner = Arc::new(
             RegionInner::new(id, map, page, store, window, opts.pinned)
-                .with_fingerprints(&core.fps),
+                .with_fingerprints(&core.fps)
+                .counting_overhead(&core.overhead_sum),
         );
         core.table.insert(Arc::clone(&inner));
         Ok(inner)

@@ -107,11 +107,12 @@ fn release_range(core: &Core, r: &RegionInner) {
     // frames are freed, and no worker is inside one of its faults (all its
     // locks were taken after `dying` was set): nothing touches the range
     // or moves pages into it any more.
-    if let Err(e) = unsafe { r.map.unmap_now() } {
-        core.record(FaultError::Move {
+    match unsafe { r.map.unmap_now() } {
+        Ok(()) => r.unmapped(),
+        Err(e) => core.record(FaultError::Move {
             addr: r.start(),
             source: e,
-        });
+        }),
     }
 }
 

@@ -23,6 +23,7 @@
 //! before teardown visits it (and teardown moves it back), or it sees `dying`
 //! and only wakes.
 
+mod cost;
 mod pins;
 mod states;
 pub mod table;
@@ -35,6 +36,7 @@ use faultline_sys::mem::Mapping;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+pub(crate) use cost::OverheadSum;
 pub use table::RegionTable;
 
 const POISONED: u32 = u32::MAX;
@@ -145,6 +147,19 @@ impl RegionInner {
         self
     }
 
+    /// Adds its overhead ([`states`]), now and as it grows, to the
+    /// manager's running `sum`, until it is dropped.
+    pub(crate) fn counting_overhead(mut self, sum: &Arc<OverheadSum>) -> RegionInner {
+        self.pages.count_into(sum);
+        self
+    }
+
+    /// Its range was unmapped (`Mapping::unmap_now`): the page tables
+    /// noted are gone with it.
+    pub(crate) fn unmapped(&self) {
+        self.pages.unmapped();
+    }
+
     /// First byte.
     pub fn start(&self) -> usize {
         self.map.addr()
@@ -168,13 +183,6 @@ impl RegionInner {
     /// Bytes of page-state metadata held now (sparse: see [`states`]).
     pub fn state_bytes(&self) -> usize {
         self.pages.bytes()
-    }
-
-    /// Memory its pages in use have cost beyond their frames: page-state
-    /// metadata and the page tables the kernel made for its mapping (an
-    /// upper bound; see [`states`]).
-    pub(crate) fn overhead_bytes(&self) -> usize {
-        self.pages.overhead_bytes()
     }
 
     /// The first page at or after `from` in any state but absent.

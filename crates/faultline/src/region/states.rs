@@ -28,17 +28,17 @@
 //! --lib loom`), with leaves of 4 pages and the collector replaced by a
 //! shim that never frees (`crate::sync::epoch`).
 //!
-//! It also counts the page-table pages the region's mapping has needed
-//! ([`PageStates::overhead_bytes`], counted against the budget): a table
-//! is noted when a leaf is linked over its span and never forgotten — the
-//! kernel keeps a table until its range is unmapped, though a page moved
-//! out leaves it empty. A figure, not part of the protocol: plain std
-//! atomics, Relaxed, outside loom's model.
+//! It also counts what the pages in use cost beyond their frames
+//! ([`PageStates::overhead_bytes`], counted against the budget): its
+//! linked leaves, and the page tables under them (noted when a leaf is
+//! linked over their span, forgotten only when the range is unmapped, as
+//! the kernel keeps them: [`super::cost`]), adding each change to the
+//! manager's running sum. Figures, not part of the protocol.
 
+use super::cost::{OverheadSum, Tables, TABLE_ENTRIES};
 use crate::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
-use faultline_sys::PAGE_SIZE;
-use std::sync::atomic::{AtomicU64 as StdU64, AtomicUsize as StdUsize};
+use std::sync::Arc;
 
 /// Pages per leaf.
 #[cfg(not(loom))]
@@ -46,10 +46,6 @@ pub(crate) const LEAF_PAGES: usize = 512;
 /// Pages per leaf (small, so a loom model stays small).
 #[cfg(loom)]
 pub(crate) const LEAF_PAGES: usize = 4;
-
-/// Entries of a page-table page: the span of one PTE table (4 KiB pages)
-/// or one PMD table (2 MiB pages), in pages.
-const TABLE_ENTRIES: usize = 512;
 
 /// `live` of a retired leaf.
 const DEAD: u32 = u32::MAX;
@@ -86,44 +82,8 @@ pub(crate) struct PageStates {
     /// Leaves linked now (for the metadata figure).
     linked: AtomicUsize,
     tables: Tables,
-}
-
-/// The page-table pages noted so far: a bit per table span of the
-/// region's address space, and their count.
-struct Tables {
-    /// The region's first page's index within its table's span.
-    head: usize,
-    bits: Box<[StdU64]>,
-    noted: StdUsize,
-}
-
-impl Tables {
-    fn new(len: usize, head: usize) -> Tables {
-        let spans = (head + len).div_ceil(TABLE_ENTRIES);
-        Tables {
-            head,
-            bits: crate::dirty::zeroed_vec(spans.div_ceil(64)).into_boxed_slice(),
-            noted: StdUsize::new(0),
-        }
-    }
-
-    /// Notes the tables under pages `from..to` (non-empty).
-    fn note(&self, from: usize, to: usize) {
-        let first = (self.head + from) / TABLE_ENTRIES;
-        let last = (self.head + to - 1) / TABLE_ENTRIES;
-        for t in first..=last {
-            let (word, bit) = (&self.bits[t / 64], 1u64 << (t % 64));
-            // Relaxed: a figure; nothing is ordered by it.
-            let ord = std::sync::atomic::Ordering::Relaxed;
-            if word.load(ord) & bit == 0 && word.fetch_or(bit, ord) & bit == 0 {
-                self.noted.fetch_add(1, ord);
-            }
-        }
-    }
-
-    fn noted(&self) -> usize {
-        self.noted.load(std::sync::atomic::Ordering::Relaxed)
-    }
+    /// The manager's running sum this region's overhead is added to.
+    sum: Option<Arc<OverheadSum>>,
 }
 
 impl std::fmt::Debug for PageStates {
@@ -141,11 +101,35 @@ impl PageStates {
     /// page table (its address / page size, modulo 512).
     pub(crate) fn new(len: usize, head: usize) -> PageStates {
         let n = len.div_ceil(LEAF_PAGES);
+        let pointers = n * std::mem::size_of::<Atomic<Leaf>>();
         PageStates {
             len,
             leaves: (0..n).map(|_| Atomic::null()).collect(),
             linked: AtomicUsize::new(0),
-            tables: Tables::new(len, head % TABLE_ENTRIES),
+            tables: Tables::new(len, head % TABLE_ENTRIES, pointers),
+            sum: None,
+        }
+    }
+
+    /// Adds this region's overhead, now and as it grows, to `sum`, until
+    /// it is dropped.
+    pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>) {
+        self.charge(0, self.overhead_bytes());
+        self.sum = Some(Arc::clone(sum));
+        self.charge(self.overhead_bytes(), 0);
+    }
+
+    /// The region's range was unmapped: its page tables no longer cost
+    /// anything (a region being dropped, before its last reference goes).
+    pub(crate) fn unmapped(&self) {
+        self.charge(0, self.tables.forget());
+    }
+
+    /// Adds `more` and takes `less` bytes out of the manager's sum.
+    fn charge(&self, more: usize, less: usize) {
+        if let Some(sum) = &self.sum {
+            sum.add(more);
+            sum.sub(less);
         }
     }
 
@@ -166,11 +150,7 @@ impl PageStates {
     /// bound of the last-level tables; the levels above (one table per
     /// 512 of these) and the table bits themselves are not counted.
     pub(crate) fn overhead_bytes(&self) -> usize {
-        let tables = self.tables.noted();
-        let pointers = std::mem::size_of_val(&*self.leaves).min(tables * PAGE_SIZE);
-        self.linked.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>()
-            + pointers
-            + tables * PAGE_SIZE
+        self.linked.load(Ordering::Relaxed) * std::mem::size_of::<Leaf>() + self.tables.bytes()
     }
 
     /// The word of `page` (Acquire).
@@ -221,10 +201,17 @@ impl PageStates {
 
     /// Links a fresh leaf at slot `i` unless another writer did, and
     /// notes the page tables under its span (a page of it is mapped next).
+    /// The leaf is counted before it is linked (and uncounted if another
+    /// won), so that its retiring, which may follow at once, never takes
+    /// out what was not yet added.
     fn install(&self, i: usize, guard: &Guard) {
         let slot = &self.leaves[i];
-        self.tables
+        let leaf = std::mem::size_of::<Leaf>();
+        let tables = self
+            .tables
             .note(i * LEAF_PAGES, ((i + 1) * LEAF_PAGES).min(self.len));
+        self.linked.fetch_add(1, Ordering::Relaxed);
+        self.charge(tables + leaf, 0);
         let fresh = Owned::new(Leaf::empty());
         // Release pairs with the Acquire loads of the slot; a loser's leaf
         // is dropped with the error.
@@ -236,9 +223,10 @@ impl PageStates {
                 Ordering::Acquire,
                 guard,
             )
-            .is_ok()
+            .is_err()
         {
-            self.linked.fetch_add(1, Ordering::Relaxed);
+            self.linked.fetch_sub(1, Ordering::Relaxed);
+            self.charge(0, leaf);
         }
     }
 
@@ -268,6 +256,7 @@ impl PageStates {
             .is_ok()
         {
             self.linked.fetch_sub(1, Ordering::Relaxed);
+            self.charge(0, std::mem::size_of::<Leaf>());
             // SAFETY: unlinked, so no reader can load it any more; readers
             // that did are pinned, and the collector waits for them.
             unsafe { guard.defer_destroy(leaf) };
@@ -299,6 +288,7 @@ impl PageStates {
 
 impl Drop for PageStates {
     fn drop(&mut self) {
+        self.charge(0, self.overhead_bytes());
         for slot in self.leaves.iter() {
             // SAFETY: `&mut self`: no other thread can reach the table, so
             // no pin is needed and each linked leaf is owned here.
@@ -315,6 +305,7 @@ impl Drop for PageStates {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use faultline_sys::PAGE_SIZE;
     use proptest::prelude::*;
 
     #[test]
@@ -376,7 +367,9 @@ mod tests {
     /// reads back as its owner left it, and the leaves go when all pages do.
     #[test]
     fn concurrent_writers_share_leaves() {
-        let s = PageStates::new(2 * LEAF_PAGES, 0);
+        let sum = Arc::new(OverheadSum::default());
+        let mut s = PageStates::new(2 * LEAF_PAGES, 0);
+        s.count_into(&sum);
         let threads = 4;
         std::thread::scope(|sc| {
             for t in 0..threads {
@@ -399,16 +392,20 @@ mod tests {
         });
         assert_eq!(s.next_used(0), None);
         assert_eq!(s.bytes(), 2 * 8, "every leaf retired");
+        assert_eq!(sum.bytes(), s.overhead_bytes(), "the running sum agrees");
     }
 
     proptest! {
         /// Random stores against a Vec oracle.
         #[test]
         fn against_vec_oracle(ops in proptest::collection::vec((0usize..3000, 0u32..4), 1..400)) {
-            let s = PageStates::new(3000, 0);
+            let sum = Arc::new(OverheadSum::default());
+            let mut s = PageStates::new(3000, 0);
+            s.count_into(&sum);
             let mut oracle = vec![0u32; 3000];
             for (p, v) in ops {
                 prop_assert_eq!(s.swap(p, v), oracle[p]);
+                prop_assert_eq!(sum.bytes(), s.overhead_bytes(), "the running sum");
                 oracle[p] = v;
                 let from = p.saturating_sub(700);
                 let want = (from..3000).find(|&q| oracle[q] != 0);
@@ -421,6 +418,10 @@ mod tests {
                 .filter(|l| oracle[l * LEAF_PAGES..((l + 1) * LEAF_PAGES).min(3000)].iter().any(|&v| v != 0))
                 .count();
             prop_assert_eq!(s.bytes(), 3000usize.div_ceil(LEAF_PAGES) * 8 + leaves * std::mem::size_of::<Leaf>());
+            s.unmapped();
+            prop_assert_eq!(sum.bytes(), leaves * std::mem::size_of::<Leaf>(), "tables gone");
+            drop(s);
+            prop_assert_eq!(sum.bytes(), 0, "all taken out");
         }
     }
 }
