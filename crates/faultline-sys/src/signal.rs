@@ -122,7 +122,7 @@ pub unsafe fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
 /// in hex, then `rest`, from a stack buffer (512 bytes at most) with one
 /// `write(2)` (async-signal-safe; a failed write changes nothing).
 pub fn report(head: &[u8], addr: usize, rest: &[u8]) {
-    let mut buf = [0u8; 512];
+    let mut buf = [0u8; 1024];
     let mut len = 0;
     let mut push = |bytes: &[u8]| {
         let n = bytes.len().min(buf.len() - len);

@@ -417,6 +417,16 @@ impl Core {
         q.remove(i)
     }
 
+    /// The newest queued error about an address in `[start, end)`,
+    /// formatted (left queued).
+    pub(crate) fn describe_error(&self, start: usize, end: usize) -> Option<String> {
+        let q = self.errors.lock();
+        q.iter()
+            .rev()
+            .find(|e| e.addr().is_some_and(|a| a >= start && a < end))
+            .map(ToString::to_string)
+    }
+
     /// [`Core::take_error`], waiting up to `timeout` for one to be queued.
     pub(crate) fn wait_error(
         &self,

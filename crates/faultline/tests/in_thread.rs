@@ -123,7 +123,8 @@ fn an_unservable_fault_still_ends_in_sigbus() {
     if common::in_child() {
         // One 2 MiB frame of budget, two 2 MiB pages touched: the second
         // finds no frame, its page is poisoned, and the retried access gets
-        // SIGBUS (which the handler passes on: SIG_DFL kills).
+        // SIGBUS (which the handler passes on, having said why: SIG_DFL
+        // kills).
         let mm = manager(2 * MIB);
         let r = mm
             .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
@@ -133,9 +134,13 @@ fn an_unservable_fault_still_ends_in_sigbus() {
         println!("second touch returned: no SIGBUS");
         std::process::exit(0);
     }
-    assert_eq!(
-        common::child_signal("an_unservable_fault_still_ends_in_sigbus"),
-        Some(libc::SIGBUS)
+    let (signal, stderr) =
+        common::child_signal_and_stderr("an_unservable_fault_still_ends_in_sigbus");
+    assert_eq!(signal, Some(libc::SIGBUS), "{stderr}");
+    // The handler names the cause before the signal goes on.
+    assert!(
+        stderr.contains("faultline: SIGBUS at 0x") && stderr.contains("no free 2m frame"),
+        "{stderr}"
     );
 }
 

@@ -106,7 +106,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             .ok()
             .flatten()
         {
-            signal::report(b"faultline: SIGBUS at ", bus.addr, why);
+            signal::report(b"faultline: SIGBUS at ", bus.addr, &why);
         }
         // SAFETY: called from the SIGBUS handler with its arguments.
         unsafe { signal::pass_on(sig, info, ctx) };
@@ -128,17 +128,30 @@ fn find_core<T>(mut f: impl FnMut(&Core) -> Option<T>) -> Option<T> {
 }
 
 /// Why a SIGBUS at `addr` that a registered manager's region holds was not
-/// served (`None`: no manager holds it, the signal is not faultline's).
-fn unserved(addr: usize) -> Option<&'static [u8]> {
+/// served (`None`: no manager holds it, the signal is not faultline's):
+/// for a page the fault poisoned, the cause queued for it.
+fn unserved(addr: usize) -> Option<Vec<u8>> {
     find_core(|core| {
-        core.table
-            .lookup(addr)
-            .map(|r| match r.state(r.page_of(addr)) {
-                crate::region::PageState::Poisoned => {
-                    &b": a fault on a faultline region could not be served in this thread; the cause is in Manager::take_error; the signal goes on to the previous action"[..]
-                }
-                _ => &b": a faultline region's page was not served in this thread (not a missing-page fault, or the region is going away); the signal goes on to the previous action"[..],
-            })
+        let r = core.table.lookup(addr)?;
+        let page = r.page_of(addr);
+        let why = match r.state(page) {
+            crate::region::PageState::Poisoned => {
+                let start = r.page_addr(page);
+                let cause = core
+                    .describe_error(start, start + r.page_size.bytes())
+                    .unwrap_or_else(|| "the cause was not kept".to_owned());
+                format!(
+                    ": a fault on a faultline region could not be served in \
+                     this thread ({cause}); the signal goes on to the \
+                     previous action"
+                )
+            }
+            _ => ": a faultline region's page was not served in this thread \
+                  (not a missing-page fault, or the region is going away); \
+                  the signal goes on to the previous action"
+                .to_owned(),
+        };
+        Some(why.into_bytes())
     })
 }
 

@@ -140,6 +140,11 @@ pub fn run_in_child(name: &str, marker: &str) {
 /// Runs `scenario` in a child process (this test binary, re-executed) and
 /// returns the signal that ended it, if any.
 pub fn child_signal(test: &str) -> Option<i32> {
+    child_signal_and_stderr(test).0
+}
+
+/// [`child_signal`], with what the child wrote to stderr.
+pub fn child_signal_and_stderr(test: &str) -> (Option<i32>, String) {
     use std::os::unix::process::ExitStatusExt;
     let exe = std::env::current_exe().expect("current exe");
     let out = std::process::Command::new(exe)
@@ -148,14 +153,14 @@ pub fn child_signal(test: &str) -> Option<i32> {
         .output()
         .expect("spawn child");
     let status = out.status;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if status.signal().is_none() {
         panic!(
-            "child exited normally ({status}); stdout: {} stderr: {}",
+            "child exited normally ({status}); stdout: {} stderr: {stderr}",
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
         );
     }
-    status.signal()
+    (status.signal(), stderr)
 }
 
 /// `MADV_DONTNEED` of the 4 KiB page at `addr`, as a program would.
