@@ -124,6 +124,7 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("fills_store", C, s.fills_store),
         ("move_retries", C, s.move_retries),
         ("move_misreported", C, s.move_misreported),
+        ("move_dropped", C, s.move_dropped),
         ("pt_discards", C, s.pt_discards),
         ("fault_around_pages", C, s.fault_around_pages),
         ("unmapped_pages", C, s.unmapped_pages),

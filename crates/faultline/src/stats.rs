@@ -33,6 +33,7 @@ pub struct Stats {
     pub(crate) fills_store: AtomicU64,
     pub(crate) move_retries: AtomicU64,
     pub(crate) move_misreported: AtomicU64,
+    pub(crate) move_dropped: AtomicU64,
     pub(crate) pt_discards: AtomicU64,
     pub(crate) fault_around_pages: AtomicU64,
     pub(crate) unmapped_pages: AtomicU64,
@@ -88,6 +89,7 @@ impl Stats {
             fills_store: AtomicU64::new(0),
             move_retries: AtomicU64::new(0),
             move_misreported: AtomicU64::new(0),
+            move_dropped: AtomicU64::new(0),
             pt_discards: AtomicU64::new(0),
             fault_around_pages: AtomicU64::new(0),
             unmapped_pages: AtomicU64::new(0),
@@ -177,6 +179,7 @@ impl Stats {
             fills_store: r(&self.fills_store),
             move_retries: r(&self.move_retries),
             move_misreported: r(&self.move_misreported),
+            move_dropped: r(&self.move_dropped),
             pt_discards: r(&self.pt_discards),
             fault_around_pages: r(&self.fault_around_pages),
             unmapped_pages: r(&self.unmapped_pages),
@@ -364,6 +367,10 @@ pub struct StatsSnapshot {
     /// Moves the kernel did not report as done that the page tables show
     /// complete (after the protocol's retries, or misreported outright).
     pub move_misreported: u64,
+    /// 4 KiB pages a move into a region found dropped by the program when
+    /// it looked again (moved, then zapped by an `MADV_DONTNEED` whose
+    /// event was read while the move ran): left as the program's holes.
+    pub move_dropped: u64,
     /// Empty page tables dropped before a 2 MiB move.
     pub pt_discards: u64,
     /// Pages mapped ahead of access by fault-around (besides the faulting
@@ -509,8 +516,9 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "errors      {} (poisoned pages {}, move retries {}, misreported moves {})",
-            self.errors, self.poisoned, self.move_retries, self.move_misreported
+            "errors      {} (poisoned pages {}, move retries {}, misreported moves {}, \
+             pages dropped mid-move {})",
+            self.errors, self.poisoned, self.move_retries, self.move_misreported, self.move_dropped
         )?;
         write!(
             f,

@@ -175,3 +175,67 @@ fn with_removals_off_a_dropped_page_reads_zeros_when_touched_again() {
     assert_eq!(settled(&mm).refaulted_dropped, 8);
     assert!(mm.take_error().is_none());
 }
+
+/// The program drops 4 KiB pages of 2 MiB pages all the time while another
+/// thread's touches map those pages: the kernel zaps after the removal
+/// event is read, which can fall while a move is under way (after it
+/// waited for that very event), so a page of the move may be on neither
+/// side when it is looked at again. That page was moved, then dropped: the
+/// move is done, the page is resident with a hole, and the dropped 4 KiB
+/// read the store's copy — never an error, a poisoned page or a SIGBUS
+/// (before: `UFFDIO_MOVE ... ENOENT`, the page poisoned).
+fn drops_racing_faults_on_2m_pages(mode: faultline::FaultMode) {
+    const PAGES: usize = 4;
+    let dir = ScratchDir::new("remove-race");
+    let data: Vec<u8> = (0..PAGES * HUGE)
+        .map(|i| (i / PAGE % 251) as u8 | 1)
+        .collect();
+    let path = dir.file("data", &data);
+    let mut c = common::config(32 * MIB);
+    c.fault_mode = mode;
+    let mm = common::manager_with(c);
+    // Writable, but only read: nothing is written back.
+    let store = File::open(&path, FileOptions::new().writable(true)).expect("open");
+    let opts = MapOptions::new().page_size(PageSize::Huge2M);
+    let r = mm.map(PAGES * HUGE, store, opts).expect("map");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut rounds = 0usize;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut next = common::rng(7);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let at = next() as usize % (PAGES * HUGE / PAGE) * PAGE;
+                dontneed(r.addr() + at, PAGE);
+            }
+        });
+        let mut next = common::rng(11);
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            for _ in 0..PAGES {
+                let at = next() as usize % (PAGES * HUGE);
+                assert_eq!(byte(&r, at), data[at], "round {rounds}, byte {at:#x}");
+            }
+            r.discard(0..PAGES * HUGE, faultline::Discard::KeepStore)
+                .expect("discard");
+            rounds += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let st = mm.stats();
+    println!(
+        "{rounds} rounds, {} pages dropped mid-move: {st}",
+        st.move_dropped
+    );
+    assert!(mm.take_error().is_none(), "{:?}", mm.take_error());
+    assert_eq!(st.poisoned, 0, "{st}");
+}
+
+#[test]
+fn drops_racing_faults_on_2m_pages_lose_nothing() {
+    drops_racing_faults_on_2m_pages(faultline::FaultMode::Workers);
+}
+
+#[test]
+fn drops_racing_faults_on_2m_pages_lose_nothing_in_thread() {
+    drops_racing_faults_on_2m_pages(faultline::FaultMode::InThread);
+}

@@ -24,7 +24,7 @@
 //! lock, one at a time.
 
 use crate::core::Core;
-use crate::frame::{Frame, FrameAllocator};
+use crate::frame::Frame;
 use crate::pagemove::{self, Holes};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
@@ -90,11 +90,9 @@ fn give_up(core: &Core, r: &RegionInner, page: usize, s: usize, e: usize) {
     };
     let frame = Frame::from_parts(f, r.page_size.order());
     let slot = core.pool.addr_of(&frame);
-    if let Err(source) = pagemove::fill_holes(core, slot, frame.bytes()) {
+    if let Err(source) = pagemove::free_whole(core, frame) {
         core.record(crate::error::FaultError::Move { addr: slot, source });
     }
-    core.pool.set_zeroed(&frame, false);
-    core.alloc.free(frame);
     r.set_state(page, PageState::Gone);
     Stats::bump(&core.stats.unmapped_by_program);
 }

@@ -7,7 +7,11 @@
 //! `Err(Occupied | Refused)` — nothing moved (what had moved was moved
 //! back); `Err(Split)` — the kernel would not finish nor undo the move, and
 //! the range's pages are split between both sides (never lost: each page is
-//! on exactly one side, and [`recollect`] reunites them).
+//! on exactly one side, and [`recollect`] reunites them). One exception, by
+//! the program's own hand: in a move into a region, a page the program
+//! drops (`MADV_DONTNEED`) as it arrives is on neither side, as after any
+//! drop of a resident page; it counts as moved (or, if the move must be
+//! undone, the range is left split), and the next touch refills it.
 //!
 //! Why this module exists: Linux 6.18's `UFFDIO_MOVE` may stop part way
 //! (a PTE-by-PTE move of a 2 MiB page whose destination had a page table,
@@ -43,11 +47,14 @@ use crate::core::Core;
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
 use faultline_sys::{SysError, PAGE_SIZE};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 mod park;
 
-pub(crate) use park::{drop_empty_page_table, fill_holes, is_empty, park, recollect, unpark};
+pub(crate) use park::{
+    drop_empty_page_table, fill_holes, free_whole, is_empty, park, recollect, unpark,
+};
 
 /// How long a move keeps retrying pages the kernel refuses for the moment
 /// (a reference held briefly, a split in progress) before it undoes itself.
@@ -117,6 +124,21 @@ enum Place {
     Both,
     /// On neither: a hole at the source.
     Neither,
+    /// On neither, having held data at an earlier look (or moved by the
+    /// first call), in a move into a region: moved, then dropped there by
+    /// the program ([`mark_dropped`]). Done; nothing to move back.
+    Dropped,
+}
+
+/// What a move into a region learnt of a page over its looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Never seen holding data.
+    Nothing,
+    /// Held data, on one side or the other.
+    HeldData,
+    /// Held data, then was on neither side: dropped by the program.
+    Dropped,
 }
 
 /// Reads where each page of `dst`/`src` (`n` pages each) stands.
@@ -151,8 +173,10 @@ fn runs_of(places: &[Place], want: Place) -> Vec<(usize, usize)> {
 }
 
 /// Moves the pages of `[src, src + len)` that hold data to `[dst, dst +
-/// len)`, completely or not at all (see the module docs); with `wake`, wakes
-/// the threads waiting on the destination once it is complete.
+/// len)`, completely or not at all (see the module docs). `wake`: the move
+/// is into a region — from a frame's slot to region pages, whose waiting
+/// threads are woken once it is complete, and which the program may drop
+/// meanwhile (such a page counts as moved: [`settle`]).
 ///
 /// # Safety
 /// Both ranges are anonymous memory faultline manages — pool slots of frames
@@ -174,18 +198,36 @@ pub(crate) unsafe fn move_range(
         core.uffd
             .move_pages(dst, src, len, !wake, holes == Holes::Allow)
     };
-    let last = match first {
+    let (last, done) = match first {
         Ok(Resolved::Done) => return Ok(()),
-        Ok(_) => SysError {
-            op: "UFFDIO_MOVE",
-            addr: dst,
-            len,
-            errno: libc::EAGAIN,
-        },
-        Err(e) => e,
+        Ok(
+            Resolved::Retry { done }
+            | Resolved::Exists { done }
+            | Resolved::SourceHole { done }
+            | Resolved::Busy { done },
+        ) => {
+            let e = SysError {
+                op: "UFFDIO_MOVE",
+                addr: dst,
+                len,
+                errno: libc::EAGAIN,
+            };
+            (e, done)
+        }
+        Err(e) => (e, 0),
     };
+    // The pages the kernel says it moved held data.
+    let known = (0..len / PAGE_SIZE)
+        .map(|i| {
+            if i * PAGE_SIZE < done {
+                Known::HeldData
+            } else {
+                Known::Nothing
+            }
+        })
+        .collect();
     // SAFETY: the caller's contract.
-    unsafe { settle(core, dst, src, len, holes, wake, last) }
+    unsafe { settle(core, dst, src, len, holes, wake, known, last) }
 }
 
 /// Moves a frame (or run of frames) at `src` into region pages at `dst`
@@ -261,11 +303,43 @@ fn finish(core: &Core, dst: usize, len: usize, wake: bool) -> Result<(), MoveErr
     Ok(())
 }
 
+/// In a move into a region: marks `Dropped` the pages on neither side
+/// that held data at an earlier look, and notes in `known` what each page
+/// held. The program's `MADV_DONTNEED` reports its range, waits until the
+/// event is read — which a move waiting out `mmap_changing` does itself
+/// ([`Core::pump_events`]) — and zaps afterwards, so it can zap a page
+/// this move has just put in. The source is a frame's slot, which only
+/// faultline empties, and only for a frame it owns: a page that held data
+/// and is now on neither side was moved, then dropped. Returns how many
+/// pages were found dropped at this look.
+fn mark_dropped(at: &mut [Place], known: &mut [Known]) -> u64 {
+    let mut found = 0;
+    for (p, k) in at.iter_mut().zip(known.iter_mut()) {
+        *k = match (*p, *k) {
+            (Place::Neither, Known::HeldData) => {
+                found += 1;
+                Known::Dropped
+            }
+            (Place::Neither | Place::Dropped, k) => k,
+            (Place::Src | Place::Dst | Place::Both, _) => Known::HeldData,
+        };
+        if *k == Known::Dropped {
+            *p = Place::Dropped;
+        }
+    }
+    found
+}
+
 /// The slow path of [`move_range`]: ask the page tables, move what is left
-/// run by run, until done or the deadline; then undo.
+/// run by run, until done or the deadline; then undo. A move into a region
+/// (`wake`) counts a page the program dropped on arrival as done
+/// ([`mark_dropped`]): the page is resident with the program's hole, which
+/// its next touch refills from the store (`recollect`); such a move, if it
+/// must be undone, is left [`MoveError::Split`].
 ///
 /// # Safety
 /// As [`move_range`].
+#[allow(clippy::too_many_arguments)]
 unsafe fn settle(
     core: &Core,
     dst: usize,
@@ -273,13 +347,18 @@ unsafe fn settle(
     len: usize,
     holes: Holes,
     wake: bool,
+    mut known: Vec<Known>,
     mut last: SysError,
 ) -> Result<(), MoveError> {
     let n = len / PAGE_SIZE;
     let deadline = Instant::now() + DEADLINE;
     let mut round = 0u32;
     loop {
-        let at = places(core, dst, src, n).map_err(MoveError::Refused)?;
+        let mut at = places(core, dst, src, n).map_err(MoveError::Refused)?;
+        if wake {
+            let found = mark_dropped(&mut at, &mut known);
+            core.stats.move_dropped.fetch_add(found, Ordering::Relaxed);
+        }
         if let Some(i) = at.iter().position(|&p| p == Place::Both) {
             // SAFETY: the caller's contract.
             unsafe { undo(core, dst, src, &at)? };
@@ -337,19 +416,22 @@ unsafe fn undo(core: &Core, dst: usize, src: usize, at: &[Place]) -> Result<(), 
     let deadline = Instant::now() + DEADLINE;
     let mut at = at.to_vec();
     let mut round = 0u32;
+    let lost = at.contains(&Place::Dropped);
     loop {
         let moved = runs_of(&at, Place::Dst);
-        if moved.is_empty() {
+        if moved.is_empty() && !lost {
             return Ok(());
         }
         // SAFETY: the caller's contract; the runs are at the destination
         // only, where this move put them.
         let last = unsafe { move_runs(core, src, dst, &moved) };
         at = places(core, dst, src, n).map_err(MoveError::Refused)?;
-        if !at.contains(&Place::Dst) {
+        if !at.contains(&Place::Dst) && !lost {
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if Instant::now() > deadline || !at.contains(&Place::Dst) {
+            // Or a page the program dropped on arrival: it cannot go back,
+            // so the range is split (the next touch gathers it).
             return Err(MoveError::Split {
                 dst,
                 src,
@@ -387,5 +469,25 @@ mod tests {
         assert_eq!(runs_of(&at, Src), vec![(0, 2), (3, 1), (5, 3)]);
         assert_eq!(runs_of(&at, Dst), vec![(2, 1)]);
         assert!(runs_of(&at, Both).is_empty());
+    }
+
+    /// A page that held data and is then on neither side was dropped on
+    /// arrival, and stays done; a page never seen holding data is a hole.
+    #[test]
+    fn a_page_that_held_data_then_none_was_dropped() {
+        use Place::*;
+        let mut known = vec![Known::Nothing, Known::HeldData, Known::Nothing];
+        let mut at = [Neither, Neither, Src];
+        assert_eq!(mark_dropped(&mut at, &mut known), 1);
+        assert_eq!(at, [Neither, Dropped, Src]);
+        // The next look: the source page moved in and was dropped too.
+        let mut at = [Neither, Neither, Neither];
+        assert_eq!(mark_dropped(&mut at, &mut known), 1);
+        assert_eq!(at, [Neither, Dropped, Dropped]);
+        assert_eq!(known, [Known::Nothing, Known::Dropped, Known::Dropped]);
+        // Data again (written after the drop): held data once more.
+        let mut at = [Dst, Dst, Neither];
+        assert_eq!(mark_dropped(&mut at, &mut known), 0);
+        assert_eq!(at, [Dst, Dst, Dropped]);
     }
 }

@@ -2,17 +2,18 @@
 //! park a resident page into its frame's pool slot and unpark it back,
 //! gather a page whose 4 KiB parts the program dropped back into its frame
 //! ([`recollect`]: never serve such a page afresh), fill pool holes with
-//! zeroed pages without a fault ([`fill_holes`]), and drop an empty page
-//! table before a 2 MiB move ([`drop_empty_page_table`]).
+//! zeroed pages without a fault ([`fill_holes`]), free a frame with its
+//! slot whole ([`free_whole`]), and drop an empty page table before a
+//! 2 MiB move ([`drop_empty_page_table`]).
 //!
 //! Invariant: no frame is freed or refilled while any of its data is
-//! elsewhere; a page is recorded parked only once its data is whole in its
-//! slot. Locks: none; callers hold the page's fault lock.
+//! elsewhere, nor freed with a hole in its slot; a page is recorded parked
+//! only once its data is whole in its slot. Locks: none; callers hold the page's fault lock.
 
 use super::{backoff, move_in, move_out, move_range, Holes, MoveError};
 use crate::core::Core;
 use crate::error::FaultError;
-use crate::frame::Frame;
+use crate::frame::{Frame, FrameAllocator};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
@@ -66,6 +67,19 @@ pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), Sys
             }
         }
     }
+    Ok(())
+}
+
+/// Frees `frame`, whose data nobody wants any more, with its slot whole: a
+/// free frame's slot is populated (a move out of a slot with a hole fails
+/// with `ENOENT`), so holes get zeroed pages first. If they cannot be
+/// filled, the frame stays out of the allocator (leaked) and the error is
+/// returned. The caller owns the frame (in flight, or its page's lock).
+pub(crate) fn free_whole(core: &Core, frame: Frame) -> Result<(), SysError> {
+    let slot = core.pool.addr_of(&frame);
+    fill_holes(core, slot, frame.bytes())?;
+    core.pool.set_zeroed(&frame, false);
+    core.alloc.free(frame);
     Ok(())
 }
 
