@@ -85,6 +85,15 @@ impl BusInfo {
     pub fn is_poisoned(&self) -> bool {
         self.code == BUS_MCEERR_AR
     }
+
+    /// Raised by the faulting access itself (the kernel's `BUS_ADRALN`,
+    /// `BUS_ADRERR`, `BUS_OBJERR` or `BUS_MCEERR_AR`), not sent by another
+    /// process nor reported asynchronously (`BUS_MCEERR_AO`): the
+    /// interrupted code was making that access, so it holds no lock of
+    /// the handler's and is not inside `malloc`.
+    pub fn is_synchronous(&self) -> bool {
+        (1..=BUS_MCEERR_AR).contains(&self.code)
+    }
 }
 
 /// Passes a SIGBUS the handler does not serve on to the action installed
@@ -119,7 +128,7 @@ pub unsafe fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
 }
 
 /// Writes one line to stderr from a signal handler: `parts`, then `addr`
-/// in hex, then `rest`, from a stack buffer (512 bytes at most) with one
+/// in hex, then `rest`, from a stack buffer (1024 bytes at most) with one
 /// `write(2)` (async-signal-safe; a failed write changes nothing).
 pub fn report(head: &[u8], addr: usize, rest: &[u8]) {
     let mut buf = [0u8; 1024];

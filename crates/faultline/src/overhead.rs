@@ -32,9 +32,10 @@ const SMALL_PER_SETTLE: usize = 64;
 
 /// Pages to withhold now: what the regions' page tables and page states
 /// cost (their running sum, `Core::overhead_sum`: regions still alive,
-/// whose mappings still stand, in or out of the table), counted in 2 MiB frames rounded up once it reaches one (a small
-/// cost is left to the process's slack rather than taking a frame of a
-/// small budget), at most a quarter of the budget, rounded down.
+/// whose mappings still stand, in or out of the table), counted in 2 MiB
+/// frames rounded up once it reaches one (a small cost is left to the
+/// process's slack rather than taking a frame of a small budget), at most
+/// a quarter of the budget, rounded down.
 fn target(core: &Core) -> usize {
     let bytes = core.overhead_sum.bytes();
     let huge = faultline_sys::HUGE_PAGE_SIZE;

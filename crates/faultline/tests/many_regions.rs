@@ -79,7 +79,7 @@ fn limit() -> Duration {
 }
 
 /// The CPU the process uses in 3 s with nothing to do: the least of three
-/// windows (other test binaries sharing the CPUs only add to a window).
+/// windows.
 /// Nothing the manager does while idle may visit every region: before the
 /// budget kept a running sum of the regions' page tables and metadata, its
 /// settling summed them over every region every 20 ms — 366 ms of CPU in

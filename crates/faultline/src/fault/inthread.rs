@@ -27,6 +27,7 @@ use super::resolve::{resolve, Fault};
 use super::Resolution;
 use crate::core::Core;
 use faultline_sys::signal::{self, BusInfo, SavedErrno};
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,11 +103,15 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let served =
         bus.is_missing_page() && std::panic::catch_unwind(|| serve_any(bus.addr)).unwrap_or(false);
     if !served {
-        if let Some(why) = std::panic::catch_unwind(|| unserved(bus.addr))
-            .ok()
+        // Only a signal the access raised: another may have interrupted
+        // code holding the error queue's lock, or inside `malloc`.
+        let why = bus
+            .is_synchronous()
+            .then(|| std::panic::catch_unwind(|| unserved(bus.addr)).ok())
             .flatten()
-        {
-            signal::report(b"faultline: SIGBUS at ", bus.addr, &why);
+            .flatten();
+        if let Some(why) = why {
+            signal::report(b"faultline: SIGBUS at ", bus.addr, why.as_bytes());
         }
         // SAFETY: called from the SIGBUS handler with its arguments.
         unsafe { signal::pass_on(sig, info, ctx) };
@@ -130,28 +135,25 @@ fn find_core<T>(mut f: impl FnMut(&Core) -> Option<T>) -> Option<T> {
 /// Why a SIGBUS at `addr` that a registered manager's region holds was not
 /// served (`None`: no manager holds it, the signal is not faultline's):
 /// for a page the fault poisoned, the cause queued for it.
-fn unserved(addr: usize) -> Option<Vec<u8>> {
+fn unserved(addr: usize) -> Option<Cow<'static, str>> {
     find_core(|core| {
         let r = core.table.lookup(addr)?;
         let page = r.page_of(addr);
-        let why = match r.state(page) {
-            crate::region::PageState::Poisoned => {
-                let start = r.page_addr(page);
-                let cause = core
-                    .describe_error(start, start + r.page_size.bytes())
-                    .unwrap_or_else(|| "the cause was not kept".to_owned());
-                format!(
-                    ": a fault on a faultline region could not be served in \
-                     this thread ({cause}); the signal goes on to the \
-                     previous action"
-                )
-            }
-            _ => ": a faultline region's page was not served in this thread \
-                  (not a missing-page fault, or the region is going away); \
-                  the signal goes on to the previous action"
-                .to_owned(),
-        };
-        Some(why.into_bytes())
+        if r.state(page) != crate::region::PageState::Poisoned {
+            return Some(Cow::Borrowed(
+                ": a faultline region's page was not served in this thread \
+                 (not a missing-page fault, or the region is going away); \
+                 the signal goes on to the previous action",
+            ));
+        }
+        let start = r.page_addr(page);
+        let cause = core
+            .describe_error(start, start + r.page_size.bytes())
+            .unwrap_or_else(|| "its cause is no longer queued".to_owned());
+        Some(Cow::Owned(format!(
+            ": a fault on a faultline region could not be served in this \
+             thread ({cause}); the signal goes on to the previous action"
+        )))
     })
 }
 

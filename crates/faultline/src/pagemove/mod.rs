@@ -407,7 +407,10 @@ unsafe fn settle(
 }
 
 /// Moves every page that reached the destination back to the source. On
-/// failure the range stays split: [`MoveError::Split`].
+/// failure the range stays split: [`MoveError::Split`] — also when a page
+/// cannot go back because the program dropped it in the region (marked
+/// `Dropped` by the caller, or at the destination at one look and on
+/// neither side at the next).
 ///
 /// # Safety
 /// As [`move_range`].
@@ -416,22 +419,33 @@ unsafe fn undo(core: &Core, dst: usize, src: usize, at: &[Place]) -> Result<(), 
     let deadline = Instant::now() + DEADLINE;
     let mut at = at.to_vec();
     let mut round = 0u32;
-    let lost = at.contains(&Place::Dropped);
     loop {
         let moved = runs_of(&at, Place::Dst);
+        let lost = at.contains(&Place::Dropped);
         if moved.is_empty() && !lost {
             return Ok(());
         }
         // SAFETY: the caller's contract; the runs are at the destination
         // only, where this move put them.
         let last = unsafe { move_runs(core, src, dst, &moved) };
-        at = places(core, dst, src, n).map_err(MoveError::Refused)?;
+        let now = places(core, dst, src, n).map_err(MoveError::Refused)?;
+        // A page left at the destination and now on neither side was
+        // dropped there: it cannot go back.
+        at = at
+            .iter()
+            .zip(now)
+            .map(|(&was, p)| match (was, p) {
+                (Place::Dst | Place::Dropped, Place::Neither) => Place::Dropped,
+                (_, p) => p,
+            })
+            .collect();
+        let lost = at.contains(&Place::Dropped);
         if !at.contains(&Place::Dst) && !lost {
             return Ok(());
         }
         if Instant::now() > deadline || !at.contains(&Place::Dst) {
-            // Or a page the program dropped on arrival: it cannot go back,
-            // so the range is split (the next touch gathers it).
+            // Or only dropped pages are left: the range is split (the
+            // next touch gathers it).
             return Err(MoveError::Split {
                 dst,
                 src,

@@ -8,7 +8,8 @@
 //!
 //! Invariant: no frame is freed or refilled while any of its data is
 //! elsewhere, nor freed with a hole in its slot; a page is recorded parked
-//! only once its data is whole in its slot. Locks: none; callers hold the page's fault lock.
+//! only once its data is whole in its slot. Locks: none; callers hold the
+//! page's fault lock.
 
 use super::{backoff, move_in, move_out, move_range, Holes, MoveError};
 use crate::core::Core;

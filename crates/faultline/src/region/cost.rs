@@ -93,7 +93,8 @@ impl Tables {
     /// with it); returns the bytes that takes out of [`Tables::bytes`].
     pub(super) fn forget(&self) -> usize {
         // Relaxed: a figure. The bits stay set: nothing maps the range
-        // again, and a late note would only be missed, not counted twice.
+        // again (a late note of a span never noted is counted, and taken
+        // out at drop).
         Self::cost(
             self.noted.swap(0, std::sync::atomic::Ordering::Relaxed),
             self.pointers,
