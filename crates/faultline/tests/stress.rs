@@ -129,7 +129,7 @@ fn stress_checksum_oracle() {
 }
 
 #[test]
-#[ignore = "in-thread mode is experimental: one unexplained failure in 76 loaded runs since its known cause was mended (docs/design.md); run with --ignored"]
+#[ignore = "in-thread mode is experimental: one unexplained failure in 164 loaded runs since its known cause was mended (docs/design.md); run with --ignored"]
 fn stress_checksum_oracle_in_thread() {
     checksum_oracle(FaultMode::InThread);
 }
@@ -350,7 +350,7 @@ fn stress_store_backed_oracle() {
 }
 
 #[test]
-#[ignore = "in-thread mode is experimental: one unexplained failure in 76 loaded runs since its known cause was mended (docs/design.md); run with --ignored"]
+#[ignore = "in-thread mode is experimental: one unexplained failure in 164 loaded runs since its known cause was mended (docs/design.md); run with --ignored"]
 fn stress_store_backed_oracle_in_thread() {
     store_backed_oracle(FaultMode::InThread);
 }
