@@ -78,29 +78,6 @@ fn limit() -> Duration {
     Duration::from_secs(if cfg!(debug_assertions) { 20 } else { 4 })
 }
 
-/// The CPU the process uses in 3 s with nothing to do: the least of three
-/// windows.
-/// Nothing the manager does while idle may visit every region: before the
-/// budget kept a running sum of the regions' page tables and metadata, its
-/// settling summed them over every region every 20 ms — 366 ms of CPU in
-/// 3 s (12%) at 10^5 regions.
-fn idle_cpu() -> Duration {
-    (0..3)
-        .map(|_| {
-            let t0 = common::cpu_time();
-            std::thread::sleep(Duration::from_secs(3));
-            common::cpu_time() - t0
-        })
-        .min()
-        .unwrap_or_default()
-}
-
-/// The bound on [`idle_cpu`]: 1% of a CPU for the optimized build, three
-/// times that for unoptimized code.
-fn idle_bound() -> Duration {
-    Duration::from_millis(if cfg!(debug_assertions) { 90 } else { 30 })
-}
-
 /// Maps region `i`: zero store, or for every `FILE_EVERY`-th file page
 /// `i / FILE_EVERY` (its own object range, so none overlaps another).
 fn map_one(mm: &faultline::Manager, file: &std::path::Path, i: usize) -> Result<Region, MapError> {
@@ -181,7 +158,11 @@ fn a_hundred_thousand_regions_map_and_drop_fast() {
         assert_eq!(found.0, regions[i].addr(), "region {i}");
     }
 
-    let idle = idle_cpu();
+    // Nothing the idle manager does may visit every region: before the
+    // budget kept a running sum of the regions' page tables and metadata,
+    // its settling summed them over every region every 20 ms — 366 ms of
+    // CPU in 3 s (12%) at 10^5 regions.
+    let idle = common::idle_cpu();
 
     let t = Instant::now();
     drop(regions);
@@ -202,7 +183,7 @@ fn a_hundred_thousand_regions_map_and_drop_fast() {
          process, idle CPU {idle:?} in 3 s"
     );
     assert!(
-        idle < idle_bound(),
+        idle < common::idle_cpu_bound(),
         "the idle manager with {REGIONS} regions used {idle:?} of CPU in 3 s"
     );
     assert!(

@@ -144,9 +144,9 @@ pub struct Config {
     /// the budget; settled by the background reclaimer (so only with
     /// `reclaim` on), from free memory above its low watermark. A random
     /// reader over 2 GiB of 4 KiB pages costs 6.3 MiB this way (4 frames
-    /// withheld). A fault that nothing
-    /// else can serve (zero-store or pinned pages hold the rest) takes
-    /// withheld frames back rather than fail. Default on.
+    /// withheld). A fault that nothing else can serve (zero-store or
+    /// pinned pages hold the rest) takes withheld frames back rather than
+    /// fail. Default on.
     pub budget_counts_overhead: bool,
     /// The seeds' experiment switches and their pre-seed baselines (lock
     /// table, per-CPU lists, clear order, lookup cache, migration copy).

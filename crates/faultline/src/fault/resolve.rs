@@ -231,11 +231,14 @@ fn refused(
     how: &Fault,
 ) -> Resolution {
     let addr = region.page_addr(page);
+    // The frame goes back whole (`pagemove::free_whole`): a page of it the
+    // program dropped on arrival, before the move was undone, left a hole
+    // in its slot.
     match e {
         MoveError::Occupied { .. } => {
             // Mapped behind our back: nothing moved, the frame is still in
             // its slot. Keep what is there, and say so.
-            free_refused(core, frame);
+            pagemove::free_whole(core, frame);
             core.record(FaultError::Inconsistent {
                 addr,
                 what: "page absent in faultline's state but mapped in the page tables",
@@ -253,25 +256,15 @@ fn refused(
                 ..*how
             };
             let res = resolve(core, region, page, &retry);
-            free_refused(core, frame);
+            pagemove::free_whole(core, frame);
             res
         }
         e => {
             let len = frame.bytes();
-            free_refused(core, frame);
+            pagemove::free_whole(core, frame);
             let source = e.into_sys(addr, len);
             poison(core, region, page, FaultError::Move { addr, source }, how)
         }
-    }
-}
-
-/// Frees the frame of a refused move whole ([`pagemove::free_whole`]): a
-/// page of it the program dropped on arrival, before the move was undone,
-/// left a hole in its slot (or the frame stays out of the allocator).
-fn free_refused(core: &Core, frame: Frame) {
-    let slot = core.pool.addr_of(&frame);
-    if let Err(source) = pagemove::free_whole(core, frame) {
-        core.record(FaultError::Move { addr: slot, source });
     }
 }
 

@@ -88,11 +88,7 @@ fn give_up(core: &Core, r: &RegionInner, page: usize, s: usize, e: usize) {
             return;
         }
     };
-    let frame = Frame::from_parts(f, r.page_size.order());
-    let slot = core.pool.addr_of(&frame);
-    if let Err(source) = pagemove::free_whole(core, frame) {
-        core.record(crate::error::FaultError::Move { addr: slot, source });
-    }
+    pagemove::free_whole(core, Frame::from_parts(f, r.page_size.order()));
     r.set_state(page, PageState::Gone);
     Stats::bump(&core.stats.unmapped_by_program);
 }

@@ -74,14 +74,15 @@ pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), Sys
 /// Frees `frame`, whose data nobody wants any more, with its slot whole: a
 /// free frame's slot is populated (a move out of a slot with a hole fails
 /// with `ENOENT`), so holes get zeroed pages first. If they cannot be
-/// filled, the frame stays out of the allocator (leaked) and the error is
-/// returned. The caller owns the frame (in flight, or its page's lock).
-pub(crate) fn free_whole(core: &Core, frame: Frame) -> Result<(), SysError> {
+/// filled, the frame stays out of the allocator (leaked) and the failure
+/// is recorded. The caller owns the frame (in flight, or its page's lock).
+pub(crate) fn free_whole(core: &Core, frame: Frame) {
     let slot = core.pool.addr_of(&frame);
-    fill_holes(core, slot, frame.bytes())?;
+    if let Err(source) = fill_holes(core, slot, frame.bytes()) {
+        return core.record(FaultError::Move { addr: slot, source });
+    }
     core.pool.set_zeroed(&frame, false);
     core.alloc.free(frame);
-    Ok(())
 }
 
 /// Whether no page of `[addr, addr + len)` holds data (mapped, swapped or

@@ -112,9 +112,9 @@ impl PageStates {
     }
 
     /// Adds this region's overhead, now and as it grows, to `sum`, until
-    /// it is dropped.
+    /// it is dropped. Once per region.
     pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>) {
-        self.charge(0, self.overhead_bytes());
+        debug_assert!(self.sum.is_none(), "counted into one sum only");
         self.sum = Some(Arc::clone(sum));
         self.charge(self.overhead_bytes(), 0);
     }

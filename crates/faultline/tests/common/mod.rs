@@ -334,6 +334,26 @@ pub fn rss() -> usize {
     proc_bytes("/proc/self/status", "VmRSS:")
 }
 
+/// The CPU this process uses in 3 s with nothing to do: the least of three
+/// windows (a window in which the test harness or the machine did
+/// something else only adds).
+pub fn idle_cpu() -> std::time::Duration {
+    (0..3)
+        .map(|_| {
+            let t0 = cpu_time();
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            cpu_time() - t0
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// The bound on [`idle_cpu`] of an idle manager: 1% of a CPU for the
+/// optimized build; unoptimized code gets three times the room.
+pub fn idle_cpu_bound() -> std::time::Duration {
+    std::time::Duration::from_millis(if cfg!(debug_assertions) { 90 } else { 30 })
+}
+
 /// This process's CPU time (user + system).
 pub fn cpu_time() -> std::time::Duration {
     // SAFETY: rusage is plain data; all-zero is a valid value.
