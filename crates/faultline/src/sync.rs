@@ -143,9 +143,9 @@ pub(crate) use loom_mutex::{Mutex, SpinLock};
 /// library's otherwise.
 pub(crate) mod atomic {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 }
 
 /// Yields the thread (loom's yield under `--cfg loom`, so a model's spin
@@ -157,128 +157,28 @@ pub(crate) fn yield_now() {
     std::thread::yield_now();
 }
 
-/// Epoch-based reclamation: `crossbeam-epoch`, or under `--cfg loom` a shim
-/// with the same calls over loom's `AtomicPtr` that never frees a retired
+/// Epoch-based reclamation: `crossbeam-epoch`'s pin and deferred free, or
+/// under `--cfg loom` a shim with the same calls that never frees a retired
 /// object (loom checks the protocol around it, not the collector).
 #[cfg(not(loom))]
 pub(crate) mod epoch {
-    pub(crate) use crossbeam_epoch::{pin, unprotected, Atomic, Guard, Owned, Shared};
+    pub(crate) use crossbeam_epoch::pin;
 }
 
 #[cfg(loom)]
 pub(crate) mod epoch {
-    use loom::sync::atomic::{AtomicPtr, Ordering};
-    use std::marker::PhantomData;
-
     /// A pin (nothing to do: nothing is freed).
     pub(crate) struct Guard;
-
-    static UNPROTECTED: Guard = Guard;
 
     pub(crate) fn pin() -> Guard {
         Guard
     }
 
-    /// # Safety
-    /// As crossbeam's: the caller has exclusive access.
-    pub(crate) unsafe fn unprotected() -> &'static Guard {
-        &UNPROTECTED
-    }
-
     impl Guard {
         /// # Safety
-        /// As crossbeam's; here the object is leaked.
-        pub(crate) unsafe fn defer_destroy<T>(&self, _p: Shared<'_, T>) {}
-    }
-
-    /// A pointer loaded under a guard.
-    pub(crate) struct Shared<'g, T>(*mut T, PhantomData<&'g T>);
-
-    impl<T> Clone for Shared<'_, T> {
-        fn clone(&self) -> Self {
-            *self
-        }
-    }
-    impl<T> Copy for Shared<'_, T> {}
-
-    impl<'g, T> Shared<'g, T> {
-        pub(crate) fn null() -> Self {
-            Shared(std::ptr::null_mut(), PhantomData)
-        }
-        pub(crate) fn is_null(&self) -> bool {
-            self.0.is_null()
-        }
-        /// # Safety
-        /// The object is alive (never freed here).
-        pub(crate) unsafe fn as_ref(&self) -> Option<&'g T> {
-            // SAFETY: objects are never freed under the shim.
-            unsafe { self.0.as_ref() }
-        }
-        /// # Safety
-        /// The caller owns the object now.
-        pub(crate) unsafe fn into_owned(self) -> Owned<T> {
-            // SAFETY: the pointer came from `Box::into_raw` in `Owned`.
-            Owned(unsafe { Box::from_raw(self.0) })
-        }
-    }
-
-    /// An owned object not yet published.
-    pub(crate) struct Owned<T>(Box<T>);
-
-    impl<T> Owned<T> {
-        pub(crate) fn new(v: T) -> Self {
-            Owned(Box::new(v))
-        }
-    }
-
-    /// What `compare_exchange` may store.
-    pub(crate) trait Pointer<T> {
-        fn into_raw(self) -> *mut T;
-        /// Takes back a value that was not stored.
-        fn drop_raw(p: *mut T);
-    }
-    impl<T> Pointer<T> for Owned<T> {
-        fn into_raw(self) -> *mut T {
-            Box::into_raw(self.0)
-        }
-        fn drop_raw(p: *mut T) {
-            // SAFETY: `p` came from `into_raw` just above and was not stored.
-            drop(unsafe { Box::from_raw(p) });
-        }
-    }
-    impl<T> Pointer<T> for Shared<'_, T> {
-        fn into_raw(self) -> *mut T {
-            self.0
-        }
-        fn drop_raw(_p: *mut T) {}
-    }
-
-    /// An atomic pointer.
-    pub(crate) struct Atomic<T>(AtomicPtr<T>);
-
-    impl<T> Atomic<T> {
-        pub(crate) fn null() -> Self {
-            Atomic(AtomicPtr::new(std::ptr::null_mut()))
-        }
-        pub(crate) fn load<'g>(&self, ord: Ordering, _g: &'g Guard) -> Shared<'g, T> {
-            Shared(self.0.load(ord), PhantomData)
-        }
-        pub(crate) fn compare_exchange<'g, P: Pointer<T>>(
-            &self,
-            current: Shared<'_, T>,
-            new: P,
-            success: Ordering,
-            failure: Ordering,
-            _g: &'g Guard,
-        ) -> Result<Shared<'g, T>, ()> {
-            let raw = new.into_raw();
-            match self.0.compare_exchange(current.0, raw, success, failure) {
-                Ok(_) => Ok(Shared(raw, PhantomData)),
-                Err(_) => {
-                    P::drop_raw(raw);
-                    Err(())
-                }
-            }
+        /// As crossbeam's; here `f` never runs (the object is leaked).
+        pub(crate) unsafe fn defer_unchecked<F: FnOnce()>(&self, f: F) {
+            drop(f);
         }
     }
 }

@@ -24,6 +24,7 @@
 //! and only wakes.
 
 mod cost;
+mod leaf;
 mod pins;
 mod states;
 pub mod table;
