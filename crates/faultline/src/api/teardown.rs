@@ -65,7 +65,7 @@ fn teardown(core: &Core, r: &RegionInner) {
     }
     let mut freed: Vec<Frame> = Vec::new();
     // Only windows with pages in use (sparse: an untouched terabyte costs
-    // a walk of its leaf pointers).
+    // a walk of its span slots).
     let mut next = r.next_used(0);
     while let Some(p) = next {
         let w = r.window(p);

@@ -11,11 +11,12 @@
 //! one writer at a time, the holder of the page's fault lock; pages of one
 //! span are under different fault locks, so writers of a span also take
 //! the span's lock, a bit of its slot (taken with `fetch_or`, Acquire),
-//! and release it by storing the slot's new value (Release). Under it a
-//! writer changes a leaf entry in place, or builds a new leaf (grown,
-//! shrunk, or from the slot's lone page), publishes it with that store,
-//! and only then hands the old one to the epoch collector
-//! (`crossbeam-epoch`).
+//! and release it by storing the slot's new value (Release): a leaf lock,
+//! taken under the page's fault lock, with nothing taken (and no region
+//! memory touched) while it is held. Under it a writer changes a leaf
+//! entry in place, or builds a new leaf (grown, shrunk, or from the slot's
+//! lone page), publishes it with that store, and only then hands the old
+//! one to the epoch collector (`crossbeam-epoch`).
 //!
 //! Readers take no lock: an epoch pin, the slot (Acquire, pairing with the
 //! publishing store), the entry (Acquire, pairing with the writer's
