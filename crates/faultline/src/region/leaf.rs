@@ -25,9 +25,10 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 /// Pages per leaf span.
 #[cfg(not(loom))]
 pub(crate) const LEAF_PAGES: usize = 512;
-/// Pages per leaf span (small, so a loom model stays small).
+/// Pages per leaf span (small, so a loom model stays small, but above
+/// [`MIN_CAP`], so its leaves hash, grow and shrink).
 #[cfg(loom)]
-pub(crate) const LEAF_PAGES: usize = 4;
+pub(crate) const LEAF_PAGES: usize = 8;
 
 /// The smallest leaf's entries (two pages in use; one lives in the slot).
 pub(super) const MIN_CAP: usize = 4;
@@ -96,8 +97,12 @@ impl<'a> Leaf<'a> {
         let all: Box<[AtomicU64]> = (0..=cap).map(|_| AtomicU64::new(0)).collect();
         let leaf = Leaf { all: &all };
         for &(key, word) in pages {
-            let at = leaf.probe(key).vacant.unwrap_or(0);
-            leaf.all[1 + at].store(entry(key, word), Ordering::Relaxed);
+            // Fewer pages than entries: every chain ends in an empty one.
+            let vacant = leaf.probe(key).vacant;
+            debug_assert!(vacant.is_some(), "a leaf of {cap} for {}", pages.len());
+            if let Some(at) = vacant {
+                leaf.all[1 + at].store(entry(key, word), Ordering::Relaxed);
+            }
         }
         leaf.all[0].store(header(cap, pages.len(), pages.len()), Ordering::Relaxed);
         Box::into_raw(all) as *mut AtomicU64 as usize
@@ -218,6 +223,11 @@ impl<'a> Leaf<'a> {
         }
         (first..LEAF_PAGES).find(|&k| {
             let e = self.all[1 + k].load(Ordering::Acquire);
+            debug_assert!(
+                e == 0 || key_of(e) == k,
+                "entry {k} holds key {}",
+                key_of(e)
+            );
             e != 0 && word_of(e) != 0
         })
     }

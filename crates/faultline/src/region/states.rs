@@ -36,7 +36,7 @@
 
 use super::cost::{OverheadSum, Tables, TABLE_ENTRIES};
 pub(crate) use super::leaf::LEAF_PAGES;
-use super::leaf::{self, Leaf, MIN_CAP};
+use super::leaf::{self, Leaf};
 use crate::sync::atomic::{AtomicUsize, Ordering};
 use crate::sync::epoch;
 use std::sync::Arc;
@@ -197,14 +197,13 @@ impl PageStates {
         // span with a loom mutex first; the bit is then always free.
         #[cfg(loom)]
         let _serial = self.serial[span % self.serial.len()].lock();
-        let held = lock(slot);
-        let change = self.change(span, held, page % LEAF_PAGES, v);
-        // Release: publishes a new leaf (or lone page) and unlocks; pairs
-        // with readers' Acquire and the next writer's `lock`.
-        slot.store(change.slot, Ordering::Release);
+        let lock = SpanLock::take(slot);
+        let change = self.change(span, lock.held, page % LEAF_PAGES, v);
+        lock.publish(change.slot);
         if let Some(addr) = change.retired {
+            debug_assert_ne!(slot.load(Ordering::Relaxed) & !LOCK, addr, "still linked");
             self.forget_leaf(addr);
-            // SAFETY: unlinked just above, so no reader can load it any
+            // SAFETY: unlinked by `publish`, so no reader can load it any
             // more; readers that did are pinned, and the collector waits.
             unsafe { guard.defer_unchecked(move || Leaf::free(addr)) };
         }
@@ -285,7 +284,7 @@ impl PageStates {
 
     /// A new leaf holding `pages` (two or more), counted.
     fn build(&self, pages: &[(usize, u32)]) -> usize {
-        let cap = leaf::cap_for(pages.len()).max(MIN_CAP);
+        let cap = leaf::cap_for(pages.len());
         let bytes = leaf::bytes(cap);
         self.leaf_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.charge(bytes, 0);
@@ -331,24 +330,101 @@ impl PageStates {
     }
 }
 
-/// Takes the span lock of `slot` and returns the slot's value.
-fn lock(slot: &AtomicUsize) -> usize {
-    let mut spins = 0u32;
-    loop {
-        // Acquire pairs with the Release store that released the lock.
-        let s = slot.fetch_or(LOCK, Ordering::Acquire);
-        if s & LOCK == 0 {
-            return s;
-        }
-        while slot.load(Ordering::Relaxed) & LOCK != 0 {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                crate::sync::yield_now();
+/// A span's lock, held (see the module docs): `held` is the slot's value
+/// when it was taken. Publishing the slot's new value releases it; dropped
+/// unpublished (a panic while changing the span), it puts `held` back, so
+/// the span's other writers do not wait for ever.
+struct SpanLock<'a> {
+    slot: &'a AtomicUsize,
+    held: usize,
+    /// The span lock this thread held before (see [`holding`]).
+    outer: usize,
+}
+
+impl<'a> SpanLock<'a> {
+    fn take(slot: &'a AtomicUsize) -> SpanLock<'a> {
+        let outer = holding::enter(slot);
+        let mut spins = 0u32;
+        loop {
+            // Acquire pairs with the Release store that released the lock.
+            let s = slot.fetch_or(LOCK, Ordering::Acquire);
+            if s & LOCK == 0 {
+                return SpanLock {
+                    slot,
+                    held: s,
+                    outer,
+                };
+            }
+            while slot.load(Ordering::Relaxed) & LOCK != 0 {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    crate::sync::yield_now();
+                }
             }
         }
     }
+
+    /// Stores `value` in the slot and releases the lock. Release: pairs
+    /// with readers' Acquire and the next writer's `fetch_or`.
+    fn publish(self, value: usize) {
+        self.slot.store(value, Ordering::Release);
+        holding::leave(self.outer);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for SpanLock<'_> {
+    fn drop(&mut self) {
+        self.slot.store(self.held, Ordering::Release);
+        holding::leave(self.outer);
+    }
+}
+
+/// The span lock each thread holds, so that a thread that would wait for
+/// its own — a signal handler that touched region memory while the thread
+/// was changing that span's states, and whose fault is served in the
+/// thread (in-thread mode) — ends with a message rather than hanging.
+/// (loom runs its threads on one OS thread: nothing is tracked there.)
+#[cfg(not(loom))]
+mod holding {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+
+    thread_local! {
+        static HOLDING: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Notes `slot` as held by this thread; returns what was held before.
+    /// Aborts if it is `slot` itself.
+    pub(super) fn enter(slot: &AtomicUsize) -> usize {
+        let me = slot as *const AtomicUsize as usize;
+        let outer = HOLDING.with(|h| h.replace(me));
+        if outer == me {
+            faultline_sys::signal::report(
+                b"faultline: a signal handler touched region memory while its thread \
+                  was changing the page states of the same 2 MiB span (slot ",
+                me,
+                b"); it cannot wait for itself: aborting",
+            );
+            std::process::abort();
+        }
+        outer
+    }
+
+    /// Restores what [`enter`] returned.
+    pub(super) fn leave(outer: usize) {
+        HOLDING.with(|h| h.set(outer));
+    }
+}
+
+#[cfg(loom)]
+mod holding {
+    pub(super) fn enter(_slot: &crate::sync::atomic::AtomicUsize) -> usize {
+        0
+    }
+    pub(super) fn leave(_outer: usize) {}
 }
 
 impl Drop for PageStates {
@@ -388,7 +464,7 @@ mod tests {
         assert_eq!(s.swap(LEAF_PAGES + 3, 9), 0);
         assert_eq!(s.bytes(), base, "a lone page lives in its slot");
         assert_eq!(s.swap(LEAF_PAGES + 4, 10), 0);
-        assert_eq!(s.bytes(), base + leaf::bytes(MIN_CAP));
+        assert_eq!(s.bytes(), base + leaf::bytes(leaf::MIN_CAP));
         assert_eq!(s.next_used(0), Some(LEAF_PAGES + 3));
         assert_eq!(s.next_used(LEAF_PAGES + 4), Some(LEAF_PAGES + 4));
         assert_eq!(s.swap(LEAF_PAGES + 3, 0), 9);
@@ -433,7 +509,7 @@ mod tests {
 
     #[test]
     fn page_tables_are_noted_once_per_span() {
-        let leaf = leaf::bytes(MIN_CAP);
+        let leaf = leaf::bytes(leaf::MIN_CAP);
         let s = PageStates::new(4 * TABLE_ENTRIES, 0);
         assert_eq!(s.overhead_bytes(), 0, "untouched costs nothing");
         s.swap(3, 1);
@@ -484,6 +560,30 @@ mod tests {
         assert_eq!(s.next_used(0), None);
         assert_eq!(s.bytes(), 2 * 8, "every leaf retired");
         assert_eq!(sum.bytes(), s.overhead_bytes(), "the running sum agrees");
+    }
+
+    /// A thread that would wait for the span lock it holds itself (a
+    /// signal handler's nested write, in-thread) ends with a message on
+    /// stderr and SIGABRT, not a hang. Run in a child process.
+    #[test]
+    fn waiting_for_its_own_span_lock_aborts_with_a_message() {
+        const NAME: &str =
+            "region::states::tests::waiting_for_its_own_span_lock_aborts_with_a_message";
+        if std::env::var_os("FAULTLINE_NESTED_SPAN_CHILD").is_some() {
+            let s = PageStates::new(LEAF_PAGES, 0);
+            let _held = SpanLock::take(&s.slots[0]);
+            let _nested = SpanLock::take(&s.slots[0]);
+            unreachable!("the nested take returned");
+        }
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+            .env("FAULTLINE_NESTED_SPAN_CHILD", "1")
+            .output()
+            .expect("child");
+        use std::os::unix::process::ExitStatusExt;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{err}");
+        assert!(err.contains("cannot wait for itself: aborting"), "{err}");
     }
 
     /// Random stores over `len` pages against a Vec oracle: words, the
@@ -583,6 +683,42 @@ mod loom_tests {
             assert_eq!(s.leaf_bytes.load(Ordering::Relaxed), 0, "one page: no leaf");
             assert_eq!(s.swap(2, 0), 5);
             assert_eq!(s.next_used(0), None);
+        });
+    }
+
+    /// Three pages in one leaf of 4 entries, keys 0 and 4 colliding: one
+    /// writer leaves a tombstone at the head of key 4's chain and revives
+    /// it; the other reads key 4 past it with no lock, then adds a page
+    /// that does not fit, so the leaf is rebuilt twice as large while the
+    /// first writes. Every word reads back; one leaf of 8 is left.
+    #[test]
+    fn loom_tombstones_and_growth() {
+        loom::model(|| {
+            let s = Arc::new(PageStates::new(LEAF_PAGES, 0));
+            s.swap(0, 5);
+            s.swap(4, 6);
+            s.swap(1, 7);
+            let a = {
+                let s = Arc::clone(&s);
+                loom::thread::spawn(move || {
+                    assert_eq!(s.swap(0, 0), 5);
+                    assert_eq!(s.swap(0, 8), 0);
+                })
+            };
+            let b = {
+                let s = Arc::clone(&s);
+                loom::thread::spawn(move || {
+                    assert_eq!(s.load(4), 6, "past the tombstone, no lock");
+                    assert_eq!(s.swap(2, 9), 0);
+                    assert_eq!(s.load(4), 6);
+                })
+            };
+            a.join().expect("writer a");
+            b.join().expect("writer b");
+            for (p, w) in [(0, 8), (1, 7), (2, 9), (3, 0), (4, 6)] {
+                assert_eq!(s.load(p), w, "page {p}");
+            }
+            assert_eq!(s.leaf_bytes.load(Ordering::Relaxed), leaf::bytes(8));
         });
     }
 }
