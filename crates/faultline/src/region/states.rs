@@ -84,6 +84,17 @@ struct Change {
     retired: Option<usize>,
 }
 
+impl Change {
+    /// The slot becomes `slot`; no leaf is unlinked.
+    fn to(slot: usize, old: u32) -> Change {
+        Change {
+            slot,
+            old,
+            retired: None,
+        }
+    }
+}
+
 /// See the module docs.
 pub(crate) struct PageStates {
     len: usize,
@@ -213,32 +224,17 @@ impl PageStates {
     /// The change that stores `v` for `key` in a span whose slot holds
     /// `held` (its lock taken).
     fn change(&self, span: usize, held: usize, key: usize, v: u32) -> Change {
-        let keep = |old| Change {
-            slot: held,
-            old,
-            retired: None,
-        };
         match Slot::decode(held) {
-            Slot::Empty if v == 0 => keep(0),
+            Slot::Empty if v == 0 => Change::to(held, 0),
             Slot::Empty => {
                 self.note_span(span);
-                Change {
-                    slot: Slot::one(key, v),
-                    old: 0,
-                    retired: None,
-                }
+                Change::to(Slot::one(key, v), 0)
             }
-            Slot::One(k, w) if k == key => Change {
-                slot: if v == 0 { 0 } else { Slot::one(key, v) },
-                old: w,
-                retired: None,
-            },
-            Slot::One(_, _) if v == 0 => keep(0),
-            Slot::One(k, w) => Change {
-                slot: self.build(&[(k, w), (key, v)]),
-                old: 0,
-                retired: None,
-            },
+            Slot::One(k, w) if k == key => {
+                Change::to(if v == 0 { 0 } else { Slot::one(key, v) }, w)
+            }
+            Slot::One(_, _) if v == 0 => Change::to(held, 0),
+            Slot::One(k, w) => Change::to(self.build(&[(k, w), (key, v)]), 0),
             // SAFETY: the slot holds the leaf and its lock is ours, so
             // nobody frees it meanwhile.
             Slot::Leaf(addr) => self.change_leaf(addr, unsafe { Leaf::at(addr) }, key, v),
@@ -250,13 +246,8 @@ impl PageStates {
     fn change_leaf(&self, addr: usize, l: Leaf<'_>, key: usize, v: u32) -> Change {
         let probe = l.probe(key);
         let old = probe.hit.map_or(0, |(_, w)| w);
-        let keep = Change {
-            slot: addr,
-            old,
-            retired: None,
-        };
         if old == v {
-            return keep;
+            return Change::to(addr, old);
         }
         // A page coming (or changing) fits in place unless the leaf is
         // full; one going leaves it in place unless that leaves one page,
@@ -264,7 +255,7 @@ impl PageStates {
         let at = probe.hit.map(|(at, _)| at).or(probe.vacant);
         let fits = at.is_some_and(|at| l.put(at, key, v));
         if fits && (v != 0 || (l.live() >= 2 && !l.sparse())) {
-            return keep;
+            return Change::to(addr, old);
         }
         let mut pages: Vec<(usize, u32)> = l.pages().filter(|&(k, _)| k != key).collect();
         if v != 0 {
