@@ -145,12 +145,7 @@ impl CopyJob {
     pub(crate) fn wait(&self) {
         let mut spins = 0u32;
         while !self.claims.all_done() {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            crate::sync::backoff(&mut spins);
         }
     }
 }

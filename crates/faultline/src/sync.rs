@@ -57,12 +57,7 @@ mod spin {
             // Acquire pairs with the Release store in `SpinGuard::drop`.
             while self.locked.swap(true, Ordering::Acquire) {
                 while self.locked.load(Ordering::Relaxed) {
-                    spins += 1;
-                    if spins < 64 {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
+                    super::backoff(&mut spins);
                 }
             }
             SpinGuard { lock: self }
@@ -146,6 +141,17 @@ pub(crate) mod atomic {
     pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     #[cfg(not(loom))]
     pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+}
+
+/// One wait of a spin loop on a lock held elsewhere: the first 64 are
+/// CPU spin hints, then each yields (the holder may have been preempted).
+pub(crate) fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        yield_now();
+    }
 }
 
 /// Yields the thread (loom's yield under `--cfg loom`, so a model's spin

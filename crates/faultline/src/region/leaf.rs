@@ -138,7 +138,7 @@ impl<'a> Leaf<'a> {
     }
 
     pub(super) fn cap(self) -> usize {
-        self.all[0].load(Ordering::Relaxed) as u16 as usize
+        self.all.len() - 1
     }
 
     /// Entries holding a page in use.
@@ -164,7 +164,7 @@ impl<'a> Leaf<'a> {
     }
 
     fn probe_with(self, key: usize, order: Ordering) -> Probe {
-        let cap = self.all.len() - 1;
+        let cap = self.cap();
         let mut vacant = None;
         for i in 0..cap {
             let at = (key + i) & (cap - 1);

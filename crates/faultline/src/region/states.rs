@@ -347,12 +347,7 @@ impl<'a> SpanLock<'a> {
                 };
             }
             while slot.load(Ordering::Relaxed) & LOCK != 0 {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    crate::sync::yield_now();
-                }
+                crate::sync::backoff(&mut spins);
             }
         }
     }
