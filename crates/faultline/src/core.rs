@@ -104,6 +104,8 @@ pub(crate) struct Core {
     pub(crate) reserve_cv: parking_lot::Condvar,
     /// The zeroing worker holds a frame it has not put in `reserve` yet.
     pub(crate) zeroing: AtomicBool,
+    /// Wakes the background reclaimer early (`reclaim::Kick`).
+    pub(crate) kick: crate::reclaim::Kick,
     /// Reclaim passes running now (`reclaim::reclaim`): a fault that finds
     /// no frame waits for them rather than being refused.
     pub(crate) reclaiming: AtomicUsize,
@@ -180,6 +182,7 @@ impl Core {
             reserve: Mutex::new(Vec::new()),
             reserve_cv: parking_lot::Condvar::new(),
             zeroing: AtomicBool::new(false),
+            kick: crate::reclaim::Kick::default(),
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),
@@ -222,6 +225,7 @@ impl Core {
     pub(crate) fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
         self.reserve_cv.notify_all();
+        self.kick.wake();
         self.nesting.wake_standby();
         self.own_removes.stop();
     }

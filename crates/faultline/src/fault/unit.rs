@@ -81,7 +81,7 @@ pub(super) fn take<'a>(
         let next = first + count;
         (stream && next < region.pages()).then_some(next)
     };
-    match run {
+    let unit = match run {
         Some((count, frame)) => Some(Unit {
             first,
             count,
@@ -98,7 +98,13 @@ pub(super) fn take<'a>(
                 offer: offer(page, 1),
             }),
         None => None,
+    };
+    if unit.is_some() {
+        // Below the low watermark now: the background reclaimer starts at
+        // once, not at its next tick.
+        core.kick.note_free(crate::budget::free_pages(core));
     }
+    unit
 }
 
 /// Fills the unit's frame (zeros in the configured order, or the store's

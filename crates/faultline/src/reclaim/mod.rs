@@ -48,6 +48,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod faulting;
+mod kick;
 mod runs;
 
 /// Longest run of pages parked with one move, or written back with one
@@ -55,6 +56,7 @@ mod runs;
 const RUN_MAX: usize = 64;
 
 pub(crate) use faulting::alloc;
+pub(crate) use kick::Kick;
 
 /// The background reclaimer's period.
 const TICK: std::time::Duration = std::time::Duration::from_millis(10);
@@ -65,8 +67,9 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often the overhead counted against the budget is settled.
 const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The background reclaimer: wakes every [`TICK`] and, when free memory is
-/// below the low watermark, reclaims up to the high one; while a pass frees
+/// The background reclaimer: wakes every [`TICK`], or as soon as a fault
+/// takes free memory below the low watermark (`kick.rs`), and when free
+/// memory is below that watermark, reclaims up to the high one; while a pass frees
 /// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
 /// stats file, if any, every [`publish::PERIOD`] (every
 /// [`publish::IDLE_PERIOD`] while the manager does nothing; with
@@ -75,7 +78,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut idle = TICK;
     let mut above = Above::default();
     // The next reclaim check and the next publication. The wait ends at
-    // the earlier; a notify makes the reclaim check due at once (as before
+    // the earlier; a kick makes the reclaim check due at once (as before
     // publication shared this thread: it does not shorten the backoff).
     let mut check_at = Instant::now() + idle;
     let mut publish_at = Instant::now() + publish::PERIOD;
@@ -85,19 +88,15 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         let pages = budget::budget_pages(core);
         let low = pages * core.config.reclaim_low_pct / 100;
         let high = pages * core.config.reclaim_high_pct / 100;
-        {
-            let mut r = core.reserve.lock();
-            if !core.is_stopping() {
-                let until = match (&publisher, core.config.reclaim) {
-                    (Some(_), true) => check_at.min(publish_at),
-                    (Some(_), false) => publish_at,
-                    (None, _) => check_at,
-                };
-                let wait = until.saturating_duration_since(Instant::now());
-                if !core.reserve_cv.wait_for(&mut r, wait).timed_out() {
-                    check_at = Instant::now();
-                }
-            }
+        core.kick.set_low(low);
+        let until = match (&publisher, core.config.reclaim) {
+            (Some(_), true) => check_at.min(publish_at),
+            (Some(_), false) => publish_at,
+            (None, _) => check_at,
+        };
+        let wait = until.saturating_duration_since(Instant::now());
+        if core.kick.sleep(wait, || core.is_stopping()) {
+            check_at = Instant::now();
         }
         if core.is_stopping() {
             return;
@@ -136,6 +135,8 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         } else {
             idle = TICK;
         }
+        // Faults may wake this thread early unless it is backing off.
+        core.kick.arm(idle == TICK);
         check_at = Instant::now() + idle;
     }
 }
