@@ -72,8 +72,10 @@ pub fn physical_memory() -> usize {
 /// How much more memory this process may take before the kernel's limit
 /// for it (`(limit, what)`): the room left under its memory cgroup's limit
 /// (v1 `memory.limit_in_bytes - memory.usage_in_bytes`, v2 `memory.max -
-/// memory.current`) and the machine's `MemAvailable`, whichever is less.
-/// `None` if none of them can be read.
+/// memory.current`, each plus the cgroup's inactive file pages: page cache
+/// the kernel drops before it refuses anyone memory, as the kubelet's
+/// "working set" counts it) and the machine's `MemAvailable`, whichever is
+/// less. `None` if none of them can be read.
 pub fn memory_room() -> Option<(usize, &'static str)> {
     let read_num = |p: &str| -> Option<usize> {
         let s = std::fs::read_to_string(p).ok()?;
@@ -98,7 +100,9 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
                     read_num(&format!("{dir}/memory.limit_in_bytes")),
                     read_num(&format!("{dir}/memory.usage_in_bytes")),
                 ) {
-                    consider(limit.saturating_sub(usage), "the memory cgroup (v1) limit");
+                    let cache = stat_field(&dir, "total_inactive_file");
+                    let used = usage.saturating_sub(cache);
+                    consider(limit.saturating_sub(used), "the memory cgroup (v1) limit");
                 }
             } else if ctrl.is_empty() {
                 let dir = format!("/sys/fs/cgroup{path}");
@@ -106,7 +110,8 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
                     read_num(&format!("{dir}/memory.max")),
                     read_num(&format!("{dir}/memory.current")),
                 ) {
-                    consider(limit.saturating_sub(usage), "the memory cgroup (v2) limit");
+                    let used = usage.saturating_sub(stat_field(&dir, "inactive_file"));
+                    consider(limit.saturating_sub(used), "the memory cgroup (v2) limit");
                 }
             }
         }
@@ -122,6 +127,22 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
         }
     }
     best
+}
+
+/// The value of `field` in the cgroup directory's `memory.stat` (bytes);
+/// 0 if it cannot be read.
+fn stat_field(dir: &str, field: &str) -> usize {
+    std::fs::read_to_string(format!("{dir}/memory.stat"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == field)
+                    .then(|| v.trim().parse::<usize>().ok())
+                    .flatten()
+            })
+        })
+        .unwrap_or(0)
 }
 
 /// The base page size the kernel uses.
@@ -371,5 +392,19 @@ mod tests {
         assert!(b >= a);
         let nodes = numa_nodes();
         assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn stat_fields_are_read_by_exact_name() {
+        let dir = std::env::temp_dir().join(format!("faultline-stat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let stat = "inactive_file 4096\ntotal_inactive_file 81920\ncache 12\n";
+        std::fs::write(dir.join("memory.stat"), stat).expect("memory.stat");
+        let d = dir.to_str().expect("utf-8 path");
+        assert_eq!(stat_field(d, "total_inactive_file"), 81920);
+        assert_eq!(stat_field(d, "inactive_file"), 4096);
+        assert_eq!(stat_field(d, "active_file"), 0, "absent: 0");
+        assert_eq!(stat_field("/nonexistent-faultline", "cache"), 0);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
