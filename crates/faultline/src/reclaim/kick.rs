@@ -7,8 +7,9 @@
 //! *arms* the kick while its passes free memory; a fault that takes a
 //! frame below the watermark fires it once ([`Kick::note_free`]). While
 //! passes free nothing (nothing reclaimable: zero-filled regions, pinned
-//! pages) it stays disarmed and the reclaimer keeps its backoff, so faults
-//! cannot make it spin.
+//! pages) it stays disarmed and the reclaimer keeps its backoff, and a
+//! kicked pass starts at least `KICK_GAP` (1 ms) after the previous pass,
+//! so faults cannot make it spin.
 //!
 //! Locks: the kick's mutex (a leaf), held only to set or take the
 //! `pending` flag and to wait on the condition variable.

@@ -61,6 +61,9 @@ pub(crate) use kick::Kick;
 /// The background reclaimer's period.
 const TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// The shortest time from one pass to a pass a fault's kick starts.
+const KICK_GAP: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Its longest sleep while there is nothing it can reclaim.
 const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -83,6 +86,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut check_at = Instant::now() + idle;
     let mut publish_at = Instant::now() + publish::PERIOD;
     let mut settle_at = Instant::now();
+    let mut last_pass = Instant::now();
     loop {
         // The budget may change at run time (`Manager::set_budget`).
         let pages = budget::budget_pages(core);
@@ -96,6 +100,12 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         };
         let wait = until.saturating_duration_since(Instant::now());
         if core.kick.sleep(wait, || core.is_stopping()) {
+            // At most one kicked pass per KICK_GAP: faults below the
+            // watermark that passes barely help cannot keep this busy.
+            let gap = KICK_GAP.saturating_sub(last_pass.elapsed());
+            if !gap.is_zero() && !core.is_stopping() {
+                std::thread::sleep(gap);
+            }
             check_at = Instant::now();
         }
         if core.is_stopping() {
@@ -123,6 +133,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
             }
         }
         if free < low {
+            last_pass = Instant::now();
             let freed = reclaim(core, high - free, None, || budget::free_pages(core) >= high);
             // Nothing to take (pinned, zero-filled or busy pages): back off (doubling, up to IDLE_MAX)
             // instead of burning a CPU while the program idles. Faults
