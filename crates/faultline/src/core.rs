@@ -104,8 +104,8 @@ pub(crate) struct Core {
     pub(crate) reserve_cv: parking_lot::Condvar,
     /// The zeroing worker holds a frame it has not put in `reserve` yet.
     pub(crate) zeroing: AtomicBool,
-    /// Wakes the background reclaimer early (`reclaim::Kick`).
-    pub(crate) kick: crate::reclaim::Kick,
+    /// Wakes the background reclaimer early (`crate::kick`).
+    pub(crate) kick: crate::kick::Kick,
     /// Reclaim passes running now (`reclaim::reclaim`): a fault that finds
     /// no frame waits for them rather than being refused.
     pub(crate) reclaiming: AtomicUsize,
@@ -182,7 +182,7 @@ impl Core {
             reserve: Mutex::new(Vec::new()),
             reserve_cv: parking_lot::Condvar::new(),
             zeroing: AtomicBool::new(false),
-            kick: crate::reclaim::Kick::default(),
+            kick: crate::kick::Kick::default(),
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),

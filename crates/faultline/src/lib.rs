@@ -39,6 +39,7 @@ mod error;
 mod fault;
 mod fill;
 mod frame;
+mod kick;
 mod locks;
 mod memops;
 mod migrate;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 /// (`crate::x`) only modules before it.
 const LAYERS: &[&str] = &[
     "sync",
+    "kick",
     "memops",
     "dirty",
     "config",

@@ -48,7 +48,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod faulting;
-mod kick;
 mod runs;
 
 /// Longest run of pages parked with one move, or written back with one
@@ -56,7 +55,6 @@ mod runs;
 const RUN_MAX: usize = 64;
 
 pub(crate) use faulting::alloc;
-pub(crate) use kick::Kick;
 
 /// The background reclaimer's period.
 const TICK: std::time::Duration = std::time::Duration::from_millis(10);
@@ -71,7 +69,7 @@ const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The background reclaimer: wakes every [`TICK`], or as soon as a fault
-/// takes free memory below the low watermark (`kick.rs`), and when free
+/// takes free memory below the low watermark (`crate::kick`), and when free
 /// memory is below that watermark, reclaims up to the high one; while a pass frees
 /// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
 /// stats file, if any, every [`publish::PERIOD`] (every

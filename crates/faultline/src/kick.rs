@@ -1,7 +1,9 @@
 //! Waking the background reclaimer as free memory falls below its low
 //! watermark (Linux wakes `kswapd` the same way), rather than at its next
 //! tick: a sequential reader takes a tenth of the pool in a few
-//! milliseconds, and read-ahead runs come only from what is free.
+//! milliseconds, and read-ahead runs come only from what is free. Below
+//! `core` in the layers: the core holds one, faults fire it, the
+//! reclaimer (`reclaim::run`) sleeps on it.
 //!
 //! The reclaimer publishes its low watermark ([`Kick::set_low`]) and
 //! *arms* the kick while its passes free memory; a fault that takes a
