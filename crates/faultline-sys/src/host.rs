@@ -72,10 +72,10 @@ pub fn physical_memory() -> usize {
 /// How much more memory this process may take before the kernel's limit
 /// for it (`(limit, what)`): the room left under its memory cgroup's limit
 /// (v1 `memory.limit_in_bytes - memory.usage_in_bytes`, v2 `memory.max -
-/// memory.current`, each plus the cgroup's inactive file pages: page cache
-/// the kernel drops before it refuses anyone memory, as the kubelet's
-/// "working set" counts it) and the machine's `MemAvailable`, whichever is
-/// less. `None` if none of them can be read.
+/// memory.current`, each plus the cgroup's clean inactive file pages:
+/// page cache the kernel drops before it refuses anyone memory, as the
+/// kubelet's "working set" counts it) and the machine's `MemAvailable`,
+/// whichever is less. `None` if none of them can be read.
 pub fn memory_room() -> Option<(usize, &'static str)> {
     let read_num = |p: &str| -> Option<usize> {
         let s = std::fs::read_to_string(p).ok()?;
@@ -100,8 +100,11 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
                     read_num(&format!("{dir}/memory.limit_in_bytes")),
                     read_num(&format!("{dir}/memory.usage_in_bytes")),
                 ) {
-                    let cache = stat_field(&dir, "total_inactive_file");
-                    let used = usage.saturating_sub(cache);
+                    let drop = droppable(
+                        &dir,
+                        ["total_inactive_file", "total_dirty", "total_writeback"],
+                    );
+                    let used = usage.saturating_sub(drop);
                     consider(limit.saturating_sub(used), "the memory cgroup (v1) limit");
                 }
             } else if ctrl.is_empty() {
@@ -110,7 +113,8 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
                     read_num(&format!("{dir}/memory.max")),
                     read_num(&format!("{dir}/memory.current")),
                 ) {
-                    let used = usage.saturating_sub(stat_field(&dir, "inactive_file"));
+                    let drop = droppable(&dir, ["inactive_file", "file_dirty", "file_writeback"]);
+                    let used = usage.saturating_sub(drop);
                     consider(limit.saturating_sub(used), "the memory cgroup (v2) limit");
                 }
             }
@@ -127,6 +131,15 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
         }
     }
     best
+}
+
+/// The page cache a cgroup's limit can drop at once: its inactive file
+/// pages less the dirty and writeback ones (`[inactive, dirty,
+/// writeback]` name the fields of its `memory.stat`), which the limit can
+/// only wait for.
+fn droppable(dir: &str, [inactive, dirty, writeback]: [&str; 3]) -> usize {
+    let waits = stat_field(dir, dirty) + stat_field(dir, writeback);
+    stat_field(dir, inactive).saturating_sub(waits)
 }
 
 /// The value of `field` in the cgroup directory's `memory.stat` (bytes);
@@ -405,6 +418,10 @@ mod tests {
         assert_eq!(stat_field(d, "inactive_file"), 4096);
         assert_eq!(stat_field(d, "active_file"), 0, "absent: 0");
         assert_eq!(stat_field("/nonexistent-faultline", "cache"), 0);
+        let stat = "total_inactive_file 81920\ntotal_dirty 4096\ntotal_writeback 8192\n";
+        std::fs::write(dir.join("memory.stat"), stat).expect("memory.stat");
+        let v1 = ["total_inactive_file", "total_dirty", "total_writeback"];
+        assert_eq!(droppable(d, v1), 81920 - 4096 - 8192, "dirty pages wait");
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -10,8 +10,8 @@
 //! which regions were mapped after it was read.
 //!
 //! Locks: `errors`, `objects`, `deferred`, `worker_tids`, `reserve`,
-//! `trace`, `copy_jobs` and `hand` are leaf mutexes (nothing else is taken
-//! while one is held).
+//! `trace`, `copy_jobs`, `hand` and the `kick`'s mutex are leaf mutexes
+//! (nothing else is taken while one is held).
 
 use crate::config::Config;
 use crate::copyjob::CopyJob;

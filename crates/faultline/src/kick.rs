@@ -9,9 +9,14 @@
 //! *arms* the kick while its passes free memory; a fault that takes a
 //! frame below the watermark fires it once ([`Kick::note_free`]). While
 //! passes free nothing (nothing reclaimable: zero-filled regions, pinned
-//! pages) it stays disarmed and the reclaimer keeps its backoff, and a
-//! kicked pass starts at least `KICK_GAP` (1 ms) after the previous pass,
-//! so faults cannot make it spin.
+//! pages) it stays disarmed and the reclaimer keeps its backoff; it is
+//! disarmed during a pass too, and a kicked pass starts no sooner after
+//! the previous one ended than that one took (at least 1 ms), so faults
+//! cannot make the reclaimer spin.
+//!
+//! Ordering: `low` and `armed` are hints, read and written Relaxed (a
+//! stale value costs one early or one missed wake-up, and the reclaimer's
+//! tick covers a missed one); the wake-up itself goes through the mutex.
 //!
 //! Locks: the kick's mutex (a leaf), held only to set or take the
 //! `pending` flag and to wait on the condition variable.
@@ -38,9 +43,14 @@ impl Kick {
         self.low.store(pages, Ordering::Relaxed);
     }
 
-    /// Lets (`true`) or stops (`false`) faults wake the reclaimer.
+    /// Lets (`true`) or stops (`false`) faults wake the reclaimer;
+    /// stopping also drops a wake-up not yet taken (it would cut a
+    /// backoff short).
     pub(crate) fn arm(&self, on: bool) {
         self.armed.store(on, Ordering::Relaxed);
+        if !on {
+            *self.pending.lock() = false;
+        }
     }
 
     /// A fault took a frame and `free` pages are left: fires the kick
@@ -118,5 +128,15 @@ mod tests {
         assert!(!k.sleep(Duration::from_millis(10), || false));
         assert!(t0.elapsed() >= Duration::from_millis(10));
         assert!(!k.sleep(Duration::from_secs(10), || true), "stopping");
+    }
+
+    #[test]
+    fn disarming_drops_a_wake_not_yet_taken() {
+        let k = Kick::default();
+        k.set_low(10);
+        k.arm(true);
+        k.note_free(0);
+        k.arm(false);
+        assert!(!k.sleep(Duration::from_millis(1), || false));
     }
 }

@@ -59,8 +59,36 @@ pub(crate) use faulting::alloc;
 /// The background reclaimer's period.
 const TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The shortest time from one pass to a pass a fault's kick starts.
+/// The shortest time from the end of one pass to a pass a fault's kick
+/// starts.
 const KICK_GAP: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// When the background reclaimer's last pass ended, and how long it took.
+struct LastPass {
+    ended: Instant,
+    took: std::time::Duration,
+}
+
+impl LastPass {
+    /// A pass that started at `started` and ends now.
+    fn since(started: Instant) -> LastPass {
+        LastPass {
+            ended: Instant::now(),
+            took: started.elapsed(),
+        }
+    }
+
+    /// Sleeps out what is left of the gap a kicked pass keeps after this
+    /// one: as long as this one took, and at least [`KICK_GAP`] — so
+    /// faults that keep kicking passes which barely help take at most
+    /// half a CPU, not all of it.
+    fn keep_gap(&self, core: &Core) {
+        let gap = self.took.max(KICK_GAP).saturating_sub(self.ended.elapsed());
+        if !gap.is_zero() && !core.is_stopping() {
+            std::thread::sleep(gap);
+        }
+    }
+}
 
 /// Its longest sleep while there is nothing it can reclaim.
 const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
@@ -84,7 +112,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut check_at = Instant::now() + idle;
     let mut publish_at = Instant::now() + publish::PERIOD;
     let mut settle_at = Instant::now();
-    let mut last_pass = Instant::now();
+    let mut last_pass = LastPass::since(Instant::now());
     loop {
         // The budget may change at run time (`Manager::set_budget`).
         let pages = budget::budget_pages(core);
@@ -98,12 +126,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         };
         let wait = until.saturating_duration_since(Instant::now());
         if core.kick.sleep(wait, || core.is_stopping()) {
-            // At most one kicked pass per KICK_GAP: faults below the
-            // watermark that passes barely help cannot keep this busy.
-            let gap = KICK_GAP.saturating_sub(last_pass.elapsed());
-            if !gap.is_zero() && !core.is_stopping() {
-                std::thread::sleep(gap);
-            }
+            last_pass.keep_gap(core);
             check_at = Instant::now();
         }
         if core.is_stopping() {
@@ -131,8 +154,11 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
             }
         }
         if free < low {
-            last_pass = Instant::now();
+            // Faults do not kick while the pass runs (re-armed below).
+            core.kick.arm(false);
+            let started = Instant::now();
             let freed = reclaim(core, high - free, None, || budget::free_pages(core) >= high);
+            last_pass = LastPass::since(started);
             // Nothing to take (pinned, zero-filled or busy pages): back off (doubling, up to IDLE_MAX)
             // instead of burning a CPU while the program idles. Faults
             // still reclaim synchronously when they need a frame.
