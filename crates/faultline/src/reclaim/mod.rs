@@ -59,6 +59,12 @@ pub(crate) use faulting::alloc;
 /// The background reclaimer's period.
 const TICK: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Its longest sleep while there is nothing it can reclaim.
+const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often the overhead counted against the budget is settled.
+const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The shortest time from the end of one pass to a pass a fault's kick
 /// starts.
 const KICK_GAP: std::time::Duration = std::time::Duration::from_millis(1);
@@ -90,18 +96,12 @@ impl LastPass {
     }
 }
 
-/// Its longest sleep while there is nothing it can reclaim.
-const IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How often the overhead counted against the budget is settled.
-const SETTLE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
-
 /// The background reclaimer: wakes every [`TICK`], or as soon as a fault
-/// takes free memory below the low watermark (`crate::kick`), and when free
-/// memory is below that watermark, reclaims up to the high one; while a pass frees
-/// nothing it sleeps longer, up to [`IDLE_MAX`]. It also refreshes the
-/// stats file, if any, every [`publish::PERIOD`] (every
-/// [`publish::IDLE_PERIOD`] while the manager does nothing; with
+/// takes free memory below the low watermark (`crate::kick`), and when
+/// free memory is below that watermark, reclaims up to the high one;
+/// while a pass frees nothing it sleeps longer, up to [`IDLE_MAX`]. It
+/// also refreshes the stats file, if any, every [`publish::PERIOD`]
+/// (every [`publish::IDLE_PERIOD`] while the manager does nothing; with
 /// `Config::reclaim` off, that is all it does).
 pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
     let mut idle = TICK;
