@@ -43,6 +43,10 @@ pub const PAGES_PER_HUGE: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 /// Buddy order of a 2 MiB frame.
 pub const HUGE_ORDER: u8 = 9;
 
+/// How many times [`Pool::make_huge`] asks for a collapse the kernel
+/// refuses for a temporary condition.
+const COLLAPSE_TRIES: usize = 3;
+
 /// A frame: a naturally aligned run of `2^order` pool slots starting at slot
 /// `index`. Owning a `Frame` value means owning the frame (it is not `Clone`):
 /// it is in flight with its holder, and goes back through the allocator.
@@ -291,15 +295,25 @@ impl Pool {
         }
         let addr = self.addr_of(frame);
         let flag = &self.pmd_mapped[frame.index() as usize / PAGES_PER_HUGE];
-        let ok = self.is_huge_mapped(addr)
-            || (self
-                .map
-                .advise(addr, HUGE_PAGE_SIZE, Advice::Collapse)
-                .is_ok()
-                && self.is_huge_mapped(addr));
+        let ok = self.is_huge_mapped(addr) || self.collapse_block(addr);
         // Release pairs with the Acquire loads in `split_guard`.
         flag.store(ok, Ordering::Release);
         ok
+    }
+
+    /// `MADV_COLLAPSE` of the pool block at `addr`, tried again while the
+    /// kernel reports a temporary condition (`EAGAIN`: a page lock, a page
+    /// not yet on its LRU list), up to [`COLLAPSE_TRIES`] times; then
+    /// whether the block is PMD-mapped.
+    fn collapse_block(&self, addr: usize) -> bool {
+        for _ in 0..COLLAPSE_TRIES {
+            match self.map.advise(addr, HUGE_PAGE_SIZE, Advice::Collapse) {
+                Ok(()) => return self.is_huge_mapped(addr),
+                Err(e) if e.errno == libc::EAGAIN => std::thread::yield_now(),
+                Err(_) => return false,
+            }
+        }
+        false
     }
 
     /// Whether the 2 MiB at `addr` (aligned; any address of this process,
