@@ -135,25 +135,25 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
 
 /// The page cache a cgroup's limit can drop at once: its inactive file
 /// pages less the dirty and writeback ones (`[inactive, dirty,
-/// writeback]` name the fields of its `memory.stat`), which the limit can
-/// only wait for.
+/// writeback]` name the fields of its `memory.stat`, read once), which the
+/// limit can only wait for. 0 if the file cannot be read.
 fn droppable(dir: &str, [inactive, dirty, writeback]: [&str; 3]) -> usize {
-    let waits = stat_field(dir, dirty) + stat_field(dir, writeback);
-    stat_field(dir, inactive).saturating_sub(waits)
+    let Ok(stat) = std::fs::read_to_string(format!("{dir}/memory.stat")) else {
+        return 0;
+    };
+    let waits = stat_field(&stat, dirty) + stat_field(&stat, writeback);
+    stat_field(&stat, inactive).saturating_sub(waits)
 }
 
-/// The value of `field` in the cgroup directory's `memory.stat` (bytes);
-/// 0 if it cannot be read.
-fn stat_field(dir: &str, field: &str) -> usize {
-    std::fs::read_to_string(format!("{dir}/memory.stat"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                (k == field)
-                    .then(|| v.trim().parse::<usize>().ok())
-                    .flatten()
-            })
+/// The value of `field` in the text of a `memory.stat` (bytes); 0 if it
+/// is not there.
+fn stat_field(stat: &str, field: &str) -> usize {
+    stat.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == field)
+                .then(|| v.trim().parse::<usize>().ok())
+                .flatten()
         })
         .unwrap_or(0)
 }
@@ -409,18 +409,17 @@ mod tests {
 
     #[test]
     fn stat_fields_are_read_by_exact_name() {
+        let stat = "inactive_file 4096\ntotal_inactive_file 81920\ncache 12\n";
+        assert_eq!(stat_field(stat, "total_inactive_file"), 81920);
+        assert_eq!(stat_field(stat, "inactive_file"), 4096);
+        assert_eq!(stat_field(stat, "active_file"), 0, "absent: 0");
+        let v1 = ["total_inactive_file", "total_dirty", "total_writeback"];
+        assert_eq!(droppable("/nonexistent-faultline", v1), 0);
         let dir = std::env::temp_dir().join(format!("faultline-stat-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let stat = "inactive_file 4096\ntotal_inactive_file 81920\ncache 12\n";
-        std::fs::write(dir.join("memory.stat"), stat).expect("memory.stat");
-        let d = dir.to_str().expect("utf-8 path");
-        assert_eq!(stat_field(d, "total_inactive_file"), 81920);
-        assert_eq!(stat_field(d, "inactive_file"), 4096);
-        assert_eq!(stat_field(d, "active_file"), 0, "absent: 0");
-        assert_eq!(stat_field("/nonexistent-faultline", "cache"), 0);
         let stat = "total_inactive_file 81920\ntotal_dirty 4096\ntotal_writeback 8192\n";
         std::fs::write(dir.join("memory.stat"), stat).expect("memory.stat");
-        let v1 = ["total_inactive_file", "total_dirty", "total_writeback"];
+        let d = dir.to_str().expect("utf-8 path");
         assert_eq!(droppable(d, v1), 81920 - 4096 - 8192, "dirty pages wait");
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
