@@ -24,7 +24,7 @@
 //! ([`alloc`], `faulting.rs`), and a background thread keeps free memory
 //! between the low and high watermarks of the config. That thread also
 //! settles the frames withheld to pay for faultline's own memory
-//! (`overhead::settle`) at its checks, every 20 ms at most.
+//! (`overhead::settle`) after its checks' passes, every 20 ms at most.
 //!
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
 //! (a held lock is skipped: its page is busy, and a worker that reclaims while
@@ -141,10 +141,6 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
             continue;
         }
         above.note(core, high);
-        if core.config.budget_counts_overhead && Instant::now() >= settle_at {
-            crate::overhead::settle(core, low);
-            settle_at = Instant::now() + SETTLE_EVERY;
-        }
         let mut free = budget::free_pages(core);
         if free < low {
             // Pre-zeroed frames are free memory first (the zeroing
@@ -169,6 +165,13 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
             };
         } else {
             idle = TICK;
+        }
+        // After the pass, when free memory is at its highest: a stream of
+        // faults kicks the pass below the low watermark, and settled there
+        // the overhead would never find free memory above it to withhold.
+        if core.config.budget_counts_overhead && Instant::now() >= settle_at {
+            crate::overhead::settle(core, low);
+            settle_at = Instant::now() + SETTLE_EVERY;
         }
         // Faults may wake this thread early unless it is backing off.
         core.kick.arm(idle == TICK);
