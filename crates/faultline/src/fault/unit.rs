@@ -210,7 +210,8 @@ fn readahead<'a>(
     // At most an eighth of the pool: in a small pool, a full window (and
     // the one mapped ahead of it) would take most of the frames.
     let pool_cap = 1usize << (core.alloc.pages_in(0) / 8).max(1).ilog2();
-    let window = region.readahead(page, core.config.readahead_max.min(pool_cap));
+    let max = core.config.readahead_max.min(pool_cap);
+    let window = region.readahead(page, max, how.ahead);
     let (d0, k0) = region.lock_key(page);
     let mut mine = vec![core.locks.index(d0, k0)];
     let n = region.lock_run(&core.locks, page, window, &mut mine, guards, |p| {

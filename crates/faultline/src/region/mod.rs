@@ -361,8 +361,11 @@ impl RegionInner {
     /// fault starts a new stream in the least recently continued slot. (The
     /// stream remembers the fault's page, not the window's end: a run
     /// shorter than the window — few free frames — still leads to a fault
-    /// that continues it.)
-    pub(crate) fn readahead(&self, page: usize, max: usize) -> usize {
+    /// that continues it.) A window mapped ahead (`ahead`) only continues
+    /// a stream: one served late, after the program's own fault got there
+    /// first, must not start a stream, or its slot would push out a live
+    /// one, whose next fault would start again from one page.
+    pub(crate) fn readahead(&self, page: usize, max: usize, ahead: bool) -> usize {
         let mut streams = self.streams.lock();
         let hit = streams.iter().position(|&(last, win)| {
             last != usize::MAX && page > last && page <= last.saturating_add(win)
@@ -375,6 +378,7 @@ impl RegionInner {
                 streams[0] = (page, win);
                 win
             }
+            None if ahead => 1,
             None => {
                 streams.rotate_right(1);
                 streams[0] = (page, 1);
