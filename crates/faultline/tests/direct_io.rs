@@ -1,7 +1,8 @@
 //! File stores with direct I/O on real faults: pages read straight into
 //! their frames leave the page cache empty (and buffered ones fill it), an
 //! unaligned region offset or a file tail falls back to buffered I/O with
-//! the same bytes, and write-back through `O_DIRECT` reaches the file.
+//! the same bytes, write-back through `O_DIRECT` reaches the file, and
+//! read-ahead runs staged in a huge page read the same bytes as unstaged.
 //! Needs userfaultfd (root) and a temporary directory on a file system with
 //! `O_DIRECT` (ext4, xfs, btrfs); fails with the reason otherwise.
 
@@ -109,6 +110,36 @@ fn direct_reads_leave_the_page_cache_empty_and_buffered_ones_fill_it() {
         drop(r);
     }
     assert!(mm.take_error().is_none());
+}
+
+/// Read-ahead runs read directly, staged in a huge page and copied into
+/// their frames (the default) or straight into the frames: every byte of
+/// the file comes back either way, twice through a budget half its size.
+#[test]
+fn staged_and_unstaged_direct_reads_give_every_byte() {
+    let dir = ScratchDir::new("direct-staged");
+    let data = pattern(16 * MIB, 9);
+    let path = dir.file("data", &data);
+    for staged in [true, false] {
+        let mm = common::manager(8 * MIB);
+        let opts = FileOptions::new().direct(true).staged(staged);
+        let r = mm
+            .map_read_only(16 * MIB, open(&path, opts), MapOptions::new())
+            .expect("map");
+        let mut got = vec![0u8; 64 << 10];
+        for _ in 0..2 {
+            for at in (0..r.len()).step_by(got.len()) {
+                r.read_at(at, &mut got).expect("read_at");
+                assert!(
+                    got == data[at..at + got.len()],
+                    "staged {staged}: bytes at {at}"
+                );
+            }
+        }
+        let s = mm.stats();
+        assert!(s.readaheads > 0, "no read-ahead run was read: {s}");
+        assert!(mm.take_error().is_none());
+    }
 }
 
 #[test]

@@ -15,6 +15,7 @@ use std::fmt::Debug;
 mod file;
 #[cfg(feature = "redis")]
 mod redis;
+mod staging;
 
 pub use file::{File, FileOptions};
 #[cfg(feature = "redis")]

@@ -41,8 +41,9 @@ pub struct ChildArgs {
     /// Data size for systems without a file (`anon`, `redis*`), bytes.
     #[arg(long, default_value_t = 0)]
     pub len: usize,
-    /// faultline over the file: `direct` (`O_DIRECT`, the default) or
-    /// `buffered` I/O between the file and the frames.
+    /// faultline over the file: `direct` (`O_DIRECT`, long reads staged in
+    /// a huge page: the default), `direct-unstaged` (every read straight
+    /// into the frames) or `buffered` I/O between the file and the frames.
     #[arg(long, default_value = "direct")]
     pub io: String,
     /// Who serves faultline's faults: `workers` (default) or `in-thread`.
@@ -236,12 +237,17 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             // kernel side's read-write shared mapping: a read-only store
             // would skip dirty tracking (fill fingerprints, the check at
             // eviction) and measure a cheaper path than the kernel's.
-            let direct = match a.io.as_str() {
-                "direct" => true,
-                "buffered" => false,
-                other => bail!("--io {other}: direct or buffered"),
+            let (direct, staged) = match a.io.as_str() {
+                "direct" => (true, true),
+                "direct-unstaged" => (true, false),
+                "buffered" => (false, false),
+                other => bail!("--io {other}: direct, direct-unstaged or buffered"),
             };
-            let store = File::open(&a.file, FileOptions::new().writable(true).direct(direct))?;
+            let opts = FileOptions::new()
+                .writable(true)
+                .direct(direct)
+                .staged(staged);
+            let store = File::open(&a.file, opts)?;
             let set = if a.len > 0 { Set::Fill } else { Set::AsIs };
             faultline_side(a, file_len()?, store, set)?
         }
