@@ -148,10 +148,11 @@ impl RegionInner {
         self
     }
 
-    /// Adds its overhead ([`states`]), now and as it grows, to the
-    /// manager's running `sum`, until it is dropped.
+    /// Adds its overhead ([`states`]) and its store's own memory, now and
+    /// as it grows, to the manager's running `sum`, until it is dropped.
     pub(crate) fn counting_overhead(mut self, sum: &Arc<OverheadSum>) -> RegionInner {
-        self.pages.count_into(sum);
+        let store_bytes = self.store.own_memory();
+        self.pages.count_into(sum, store_bytes);
         self
     }
 

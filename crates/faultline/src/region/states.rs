@@ -102,6 +102,11 @@ pub(crate) struct PageStates {
     /// Bytes of the leaves linked now.
     leaf_bytes: AtomicUsize,
     tables: Tables,
+    /// Bytes the region's store keeps of its own (`Store::own_memory`),
+    /// counted with the overhead from `count_into` until `unmapped` (the
+    /// store goes with the region, whose last reference may be released
+    /// some time later).
+    store_bytes: AtomicUsize,
     /// The manager's running sum this region's overhead is added to.
     sum: Option<Arc<OverheadSum>>,
     #[cfg(loom)]
@@ -129,6 +134,7 @@ impl PageStates {
             slots: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             leaf_bytes: AtomicUsize::new(0),
             tables: Tables::new(len, head % TABLE_ENTRIES, pointers),
+            store_bytes: AtomicUsize::new(0),
             sum: None,
             #[cfg(loom)]
             serial: (0..n.max(1)).map(|_| crate::sync::Mutex::new(())).collect(),
@@ -136,17 +142,21 @@ impl PageStates {
     }
 
     /// Adds this region's overhead, now and as it grows, to `sum`, until
-    /// it is dropped. Once per region.
-    pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>) {
+    /// it is dropped, with `store_bytes` its store keeps. Once per region.
+    pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>, store_bytes: usize) {
         debug_assert!(self.sum.is_none(), "counted into one sum only");
         self.sum = Some(Arc::clone(sum));
+        *self.store_bytes.get_mut() = store_bytes;
         self.charge(self.overhead_bytes(), 0);
     }
 
     /// The region's range was unmapped: its page tables no longer cost
-    /// anything (a region being dropped, before its last reference goes).
+    /// anything, nor its store's memory, soon dropped (a region being
+    /// dropped, before its last reference goes).
     pub(crate) fn unmapped(&self) {
-        self.charge(0, self.tables.forget());
+        // Relaxed: a figure, as the tables' count.
+        let store = self.store_bytes.swap(0, Ordering::Relaxed);
+        self.charge(0, self.tables.forget() + store);
     }
 
     /// Adds `more` and takes `less` bytes out of the manager's sum.
@@ -172,9 +182,12 @@ impl PageStates {
     /// leaves, the pages of the slot array touched (at most one per table
     /// noted) and the page tables noted (4 KiB each) — an upper bound of
     /// the last-level tables; the levels above (one table per 512 of
-    /// these) and the table bits themselves are not counted.
+    /// these) and the table bits themselves are not counted — and what the
+    /// store keeps of its own.
     pub(crate) fn overhead_bytes(&self) -> usize {
-        self.leaf_bytes.load(Ordering::Relaxed) + self.tables.bytes()
+        self.leaf_bytes.load(Ordering::Relaxed)
+            + self.tables.bytes()
+            + self.store_bytes.load(Ordering::Relaxed)
     }
 
     /// The word of `page` (Acquire).
@@ -522,7 +535,7 @@ mod tests {
     fn concurrent_writers_share_leaves() {
         let sum = Arc::new(OverheadSum::default());
         let mut s = PageStates::new(2 * LEAF_PAGES, 0);
-        s.count_into(&sum);
+        s.count_into(&sum, 0);
         let threads = 4;
         std::thread::scope(|sc| {
             for t in 0..threads {
@@ -578,7 +591,7 @@ mod tests {
     fn check_oracle(len: usize, ops: Vec<(usize, u32)>) -> Result<(), TestCaseError> {
         let sum = Arc::new(OverheadSum::default());
         let mut s = PageStates::new(len, 0);
-        s.count_into(&sum);
+        s.count_into(&sum, 0);
         let mut oracle = vec![0u32; len];
         for (p, v) in ops {
             let p = p % len;

@@ -341,6 +341,14 @@ impl Store for File {
     fn identity(&self) -> Option<(u64, u64)> {
         Some((self.identity, self.offset))
     }
+
+    fn own_memory(&self) -> usize {
+        // The staging page, once a direct read may make it.
+        match (&self.staging, &self.direct) {
+            (Some(_), Some(_)) => super::staging::BYTES,
+            _ => 0,
+        }
+    }
 }
 
 #[cfg(test)]

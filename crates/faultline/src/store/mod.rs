@@ -197,6 +197,14 @@ pub trait Store: Send + Sync + Debug {
     fn identity(&self) -> Option<(u64, u64)> {
         None
     }
+
+    /// Bytes of memory the store keeps for its region beyond the frames (a
+    /// file store's staging page: [`FileOptions::staged`]). The budget pays
+    /// for them as for the region's page tables
+    /// (`Config::budget_counts_overhead`). The default is 0.
+    fn own_memory(&self) -> usize {
+        0
+    }
 }
 
 /// Writes zero pages `[first, first + pages)` to `store`: the default
@@ -259,6 +267,10 @@ impl Store for ReadOnlyView {
 
     fn identity(&self) -> Option<(u64, u64)> {
         self.0.identity()
+    }
+
+    fn own_memory(&self) -> usize {
+        self.0.own_memory()
     }
 }
 
@@ -327,6 +339,9 @@ impl Store for Guarded {
     fn identity(&self) -> Option<(u64, u64)> {
         self.quiet(None, || self.0.identity())
     }
+    fn own_memory(&self) -> usize {
+        self.quiet(0, || self.0.own_memory())
+    }
 }
 
 /// A store wrapper that sleeps a fixed time before every read: a stand-in
@@ -387,6 +402,10 @@ impl<S: Store> Store for Delayed<S> {
 
     fn identity(&self) -> Option<(u64, u64)> {
         self.inner.identity()
+    }
+
+    fn own_memory(&self) -> usize {
+        self.inner.own_memory()
     }
 
     fn will_read(&self, first: u64, pages: usize, page_size: usize) {

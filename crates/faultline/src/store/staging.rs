@@ -11,9 +11,9 @@
 //! reads at 2 at once, 1.3-1.7 GB/s into scattered 4 KiB pages, 2.9 GB/s
 //! into a huge page followed by the copy.
 //!
-//! The buffer is made on first use (a store that never streams costs
-//! nothing) and only where transparent huge pages can be had; it lives as
-//! long as its store. Invariant: a half is written only by the thread
+//! The buffer is made on first use and only where transparent huge pages
+//! can be had; it lives as long as its store, and the budget pays for it
+//! (`Store::own_memory`). Invariant: a half is written only by the thread
 //! holding its lock (the kernel writes it during that thread's `pread`).
 //! Locks: each half's mutex, a leaf, only ever tried.
 
@@ -22,8 +22,11 @@ use faultline_sys::HUGE_PAGE_SIZE;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::OnceLock;
 
+/// Bytes of the staging page.
+pub(super) const BYTES: usize = HUGE_PAGE_SIZE;
+
 /// Bytes of one half: the longest read staged.
-pub(super) const HALF: usize = HUGE_PAGE_SIZE / 2;
+pub(super) const HALF: usize = BYTES / 2;
 
 /// The shortest read staged: below it a read has few segments anyway.
 pub(super) const MIN: usize = 64 << 10;
