@@ -148,6 +148,7 @@ pub(super) fn fill_frame(
                     .record(t0.elapsed().as_nanos() as u64);
             }
             Stats::bump(&core.stats.fills_store);
+            region.note_store_memory();
             if region.tracks_dirt() {
                 let per_unit = (unit / PAGE_SIZE) as u32;
                 let first = u.frame.index();

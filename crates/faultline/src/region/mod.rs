@@ -151,9 +151,15 @@ impl RegionInner {
     /// Adds its overhead ([`states`]) and its store's own memory, now and
     /// as it grows, to the manager's running `sum`, until it is dropped.
     pub(crate) fn counting_overhead(mut self, sum: &Arc<OverheadSum>) -> RegionInner {
-        let store_bytes = self.store.own_memory();
-        self.pages.count_into(sum, store_bytes);
+        self.pages.count_into(sum);
+        self.note_store_memory();
         self
+    }
+
+    /// Charges what the store keeps of its own now (`Store::own_memory`):
+    /// after each store read, which may have made it.
+    pub(crate) fn note_store_memory(&self) {
+        self.pages.note_store_bytes(self.store.own_memory());
     }
 
     /// Its range was unmapped (`Mapping::unmap_now`): the page tables

@@ -102,10 +102,10 @@ pub(crate) struct PageStates {
     /// Bytes of the leaves linked now.
     leaf_bytes: AtomicUsize,
     tables: Tables,
-    /// Bytes the region's store keeps of its own (`Store::own_memory`),
-    /// counted with the overhead from `count_into` until `unmapped` (the
-    /// store goes with the region, whose last reference may be released
-    /// some time later).
+    /// Bytes the region's store keeps of its own (`Store::own_memory`), as
+    /// last noted (`note_store_bytes`), counted with the overhead until
+    /// `unmapped` (the store goes with the region, whose last reference
+    /// may be released some time later).
     store_bytes: AtomicUsize,
     /// The manager's running sum this region's overhead is added to.
     sum: Option<Arc<OverheadSum>>,
@@ -142,12 +142,21 @@ impl PageStates {
     }
 
     /// Adds this region's overhead, now and as it grows, to `sum`, until
-    /// it is dropped, with `store_bytes` its store keeps. Once per region.
-    pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>, store_bytes: usize) {
+    /// it is dropped. Once per region.
+    pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>) {
         debug_assert!(self.sum.is_none(), "counted into one sum only");
         self.sum = Some(Arc::clone(sum));
-        *self.store_bytes.get_mut() = store_bytes;
         self.charge(self.overhead_bytes(), 0);
+    }
+
+    /// Notes what the region's store keeps of its own now (`bytes`), and
+    /// charges the change.
+    pub(crate) fn note_store_bytes(&self, bytes: usize) {
+        // Relaxed: a figure; the swap makes each change charged once.
+        let was = self.store_bytes.swap(bytes, Ordering::Relaxed);
+        if was != bytes {
+            self.charge(bytes, was);
+        }
     }
 
     /// The region's range was unmapped: its page tables no longer cost
@@ -535,7 +544,7 @@ mod tests {
     fn concurrent_writers_share_leaves() {
         let sum = Arc::new(OverheadSum::default());
         let mut s = PageStates::new(2 * LEAF_PAGES, 0);
-        s.count_into(&sum, 0);
+        s.count_into(&sum);
         let threads = 4;
         std::thread::scope(|sc| {
             for t in 0..threads {
@@ -591,7 +600,7 @@ mod tests {
     fn check_oracle(len: usize, ops: Vec<(usize, u32)>) -> Result<(), TestCaseError> {
         let sum = Arc::new(OverheadSum::default());
         let mut s = PageStates::new(len, 0);
-        s.count_into(&sum, 0);
+        s.count_into(&sum);
         let mut oracle = vec![0u32; len];
         for (p, v) in ops {
             let p = p % len;

@@ -98,8 +98,9 @@ impl FileOptions {
     /// go straight into the frames. A disk that pays per scatter segment
     /// (virtio) reads a physically contiguous buffer about twice as fast as
     /// frames, which are scattered 4 KiB pages; the copy costs far less.
-    /// The 2 MiB is memory outside the budget. Off (`false`): every direct
-    /// read goes straight into the frames.
+    /// The budget pays for the 2 MiB once it is made
+    /// ([`Store::own_memory`]). Off (`false`): every direct read goes
+    /// straight into the frames.
     pub fn staged(mut self, staged: bool) -> FileOptions {
         self.staged = staged;
         self
@@ -343,11 +344,7 @@ impl Store for File {
     }
 
     fn own_memory(&self) -> usize {
-        // The staging page, once a direct read may make it.
-        match (&self.staging, &self.direct) {
-            (Some(_), Some(_)) => super::staging::BYTES,
-            _ => 0,
-        }
+        self.staging.as_ref().map_or(0, Staging::bytes)
     }
 }
 

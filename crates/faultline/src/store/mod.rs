@@ -198,10 +198,11 @@ pub trait Store: Send + Sync + Debug {
         None
     }
 
-    /// Bytes of memory the store keeps for its region beyond the frames (a
-    /// file store's staging page: [`FileOptions::staged`]). The budget pays
-    /// for them as for the region's page tables
-    /// (`Config::budget_counts_overhead`). The default is 0.
+    /// Bytes of memory the store keeps for its region beyond the frames now
+    /// (a file store's staging page, once made: [`FileOptions::staged`]).
+    /// The budget pays for them as for the region's page tables
+    /// (`Config::budget_counts_overhead`); the fault path reads this after
+    /// each store read. The default is 0.
     fn own_memory(&self) -> usize {
         0
     }

@@ -13,7 +13,8 @@
 //!
 //! The buffer is made on first use and only where transparent huge pages
 //! can be had; it lives as long as its store, and the budget pays for it
-//! (`Store::own_memory`). Invariant: a half is written only by the thread
+//! from then on (`Store::own_memory`, which the fault path reads after
+//! each store read). Invariant: a half is written only by the thread
 //! holding its lock (the kernel writes it during that thread's `pread`).
 //! Locks: each half's mutex, a leaf, only ever tried.
 
@@ -47,6 +48,14 @@ pub(super) struct Half<'a> {
 }
 
 impl Staging {
+    /// Bytes it holds: the page once made, else nothing.
+    pub(super) fn bytes(&self) -> usize {
+        match self.map.get() {
+            Some(Some(_)) => BYTES,
+            _ => 0,
+        }
+    }
+
     /// A free half for a read of `len` bytes, if the read is long enough to
     /// gain from one, short enough to fit, and a half is free now.
     pub(super) fn take(&self, len: usize) -> Option<Half<'_>> {
@@ -105,9 +114,12 @@ mod tests {
         assert!(s.take(HALF + 4096).is_none(), "longer than a half");
         if !faultline_sys::host::thp_mode().usable() {
             assert!(s.take(HALF).is_none(), "no huge page: reads go direct");
+            assert_eq!(s.bytes(), 0);
             return;
         }
+        assert_eq!(s.bytes(), 0, "nothing made before a long read");
         let mut a = s.take(HALF).expect("first half");
+        assert_eq!(s.bytes(), BYTES, "the page, once made");
         let mut b = s.take(MIN).expect("second half");
         assert!(s.take(MIN).is_none(), "both held");
         a.bytes().fill(1);
