@@ -118,6 +118,12 @@ fn direct_reads_leave_the_page_cache_empty_and_buffered_ones_fill_it() {
 /// and the budget pays for the staging page.
 #[test]
 fn staged_and_unstaged_direct_reads_give_every_byte() {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .expect("reading the THP mode");
+    assert!(
+        !thp.contains("[never]"),
+        "this test needs transparent huge pages (madvise or always) for the staging page"
+    );
     let dir = ScratchDir::new("direct-staged");
     let data = pattern(16 * MIB, 9);
     let path = dir.file("data", &data);
