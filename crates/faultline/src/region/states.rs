@@ -152,7 +152,12 @@ impl PageStates {
     /// Notes what the region's store keeps of its own now (`bytes`), and
     /// charges the change.
     pub(crate) fn note_store_bytes(&self, bytes: usize) {
-        // Relaxed: a figure; the swap makes each change charged once.
+        // Relaxed: a figure. Called after every store read, where it
+        // changes once: a load leaves the line shared; the swap makes each
+        // change charged once.
+        if self.store_bytes.load(Ordering::Relaxed) == bytes {
+            return;
+        }
         let was = self.store_bytes.swap(bytes, Ordering::Relaxed);
         if was != bytes {
             self.charge(bytes, was);

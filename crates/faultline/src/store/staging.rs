@@ -95,11 +95,9 @@ fn huge_page() -> Option<Mapping> {
     if !faultline_sys::host::thp_mode().usable() {
         return None;
     }
-    let map = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).ok()?;
-    map.advise(map.addr(), HUGE_PAGE_SIZE, Advice::HugePage)
-        .ok()?;
-    map.advise(map.addr(), HUGE_PAGE_SIZE, Advice::PopulateWrite)
-        .ok()?;
+    let map = Mapping::anonymous(BYTES, HUGE_PAGE_SIZE).ok()?;
+    map.advise(map.addr(), BYTES, Advice::HugePage).ok()?;
+    map.advise(map.addr(), BYTES, Advice::PopulateWrite).ok()?;
     Some(map)
 }
 
