@@ -16,12 +16,15 @@ use faultline_sys::SysError;
 #[non_exhaustive]
 pub enum FaultError {
     /// The pool had no free frame of the page's size.
-    #[error("no free {page_size} frame for the page at {addr:#x}: the budget is exhausted")]
+    #[error("no free {page_size} frame for the page at {addr:#x}: {why}")]
     NoFrame {
         /// Page address.
         addr: usize,
         /// `"4k"` or `"2m"`.
         page_size: &'static str,
+        /// Why none could be had (every frame held by pages reclaim cannot
+        /// take, no frame freed for a while, reclaim off).
+        why: &'static str,
     },
     /// The region's store could not supply the page.
     #[error("filling the page at {addr:#x} failed: {source}")]

@@ -337,7 +337,7 @@ fn unservable_fault_is_reported() {
     assert_eq!(kernel_read(second), libc::EFAULT);
     let err = r.take_error().expect("the cause is queued");
     assert!(
-        matches!(err, faultline::FaultError::NoFrame { addr, page_size: "2m" } if addr == second),
+        matches!(err, faultline::FaultError::NoFrame { addr, page_size: "2m", .. } if addr == second),
         "{err}"
     );
     assert!(mm.take_error().is_none(), "returned once");

@@ -18,6 +18,7 @@ use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove::{self, MoveError};
+use crate::reclaim::Shortage;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
@@ -102,8 +103,9 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
 fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
     // `_guards` holds the read-ahead run's extra locks until the move is done.
     let mut _guards = Vec::new();
-    let Some(mut u) = unit::take(core, region, page, how, &mut _guards) else {
-        return no_frame(core, region, page, how);
+    let mut u = match unit::take(core, region, page, how, &mut _guards) {
+        Ok(u) => u,
+        Err(why) => return no_frame(core, region, page, how, why),
     };
     if let Err(e) = unit::fill_frame(core, region, page, how.addr, &mut u) {
         core.alloc.free(u.frame);
@@ -250,11 +252,18 @@ fn refused(
             // The kernel kept refusing this frame: try again with the
             // faulting page alone and another frame before giving up; keep
             // this frame out of the allocator until then, so the retry
-            // cannot get it back.
+            // cannot get it back — while another is free. With none free
+            // (a budget of one frame: this is the only one), kept out it
+            // would leave the retry nothing to take and nothing to reclaim
+            // (the fault refused: SIGBUS), so it goes back first.
             let retry = Fault {
                 attempt: how.attempt + 1,
                 ..*how
             };
+            if core.alloc.free_pages() < frame.pages() {
+                pagemove::free_whole(core, frame);
+                return resolve(core, region, page, &retry);
+            }
             let res = resolve(core, region, page, &retry);
             pagemove::free_whole(core, frame);
             res
@@ -368,10 +377,17 @@ fn gone(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resoluti
     poison_hole(core, region, page, at, cause, how)
 }
 
-fn no_frame(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
+fn no_frame(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    how: &Fault,
+    why: Shortage,
+) -> Resolution {
     let cause = FaultError::NoFrame {
         addr: region.page_addr(page),
         page_size: region.page_size.name(),
+        why: why.why(),
     };
     poison(core, region, page, cause, how)
 }
@@ -426,6 +442,13 @@ fn poison(
     }
     if how.nested {
         return retry_later(core, region, page, cause);
+    }
+    if region.dying() {
+        // Unmapped while this fault was served (it waited for a frame, or
+        // its move found the range gone): its threads wake to the unmap,
+        // and a cause nobody can act on is not queued.
+        wake(core, region, page);
+        return Resolution::Dying;
     }
     let addr = region.page_addr(page);
     let len = region.page_size.bytes();

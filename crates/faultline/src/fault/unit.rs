@@ -20,7 +20,7 @@ use crate::error::FaultError;
 use crate::fill::{self, FillSource};
 use crate::frame::{Frame, FrameAllocator};
 use crate::locks::FaultGuard;
-use crate::reclaim;
+use crate::reclaim::{self, Shortage};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::PAGE_SIZE;
@@ -37,7 +37,7 @@ pub(super) struct Unit {
 }
 
 /// Chooses the unit for a fault on `page` and takes its frame (reclaiming
-/// synchronously if none is free); `None` if no frame can be had.
+/// synchronously if none is free); why not, if no frame can be had.
 /// `how.attempt > 0` (a retry after refused moves, a lent serve): the page
 /// alone.
 pub(super) fn take<'a>(
@@ -46,7 +46,7 @@ pub(super) fn take<'a>(
     page: usize,
     how: &Fault,
     guards: &mut Vec<FaultGuard<'a>>,
-) -> Option<Unit> {
+) -> Result<Unit, Shortage> {
     let attempt = how.attempt;
     let (first, count, stream) = match fault_around(core, region, page, attempt) {
         Some((first, count)) => (first, count, false),
@@ -55,7 +55,7 @@ pub(super) fn take<'a>(
     };
     if how.ahead && count == 1 {
         // Mapped ahead, but no longer a stream: not worth a frame.
-        return None;
+        return Err(Shortage::NotAsked);
     }
     let order = region.page_size.order() + count.trailing_zeros() as u8;
     // The fault lock this worker holds: reclaim may step pages under it
@@ -67,14 +67,14 @@ pub(super) fn take<'a>(
         // Read-ahead: the longest free run up to the window, from what is
         // free now (never reclaiming for pages not asked for yet); the
         // faulting page is the run's first.
-        longest_free_run(core, region, order)
+        longest_free_run(core, region, order).ok_or(Shortage::NotAsked)
     } else {
         // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
         // worker has one ready.
         let zeroed = order == crate::frame::HUGE_ORDER && region.store.is_zero();
         let prezeroed = zeroed.then(|| core.take_prezeroed()).flatten();
         prezeroed
-            .or_else(|| reclaim::alloc(core, order, held))
+            .map_or_else(|| reclaim::alloc(core, order, held), Ok)
             .map(|f| (count, f))
     };
     let offer = |first: usize, count: usize| {
@@ -82,7 +82,7 @@ pub(super) fn take<'a>(
         (stream && next < region.pages()).then_some(next)
     };
     let unit = match run {
-        Some((count, frame)) => Some(Unit {
+        Ok((count, frame)) => Ok(Unit {
             first,
             count,
             frame,
@@ -90,16 +90,16 @@ pub(super) fn take<'a>(
         }),
         // No run that long (read-ahead, fault-around): the page alone —
         // unless nobody asked for it yet.
-        None if count > 1 && !how.ahead => reclaim::alloc(core, region.page_size.order(), held)
+        Err(_) if count > 1 && !how.ahead => reclaim::alloc(core, region.page_size.order(), held)
             .map(|frame| Unit {
                 first: page,
                 count: 1,
                 frame,
                 offer: offer(page, 1),
             }),
-        None => None,
+        Err(why) => Err(why),
     };
-    if unit.is_some() {
+    if unit.is_ok() {
         // Below the low watermark now: the background reclaimer starts at
         // once, not at its next tick.
         core.kick.note_free(crate::budget::free_pages(core));

@@ -54,7 +54,7 @@ mod runs;
 /// store call.
 const RUN_MAX: usize = 64;
 
-pub(crate) use faulting::alloc;
+pub(crate) use faulting::{alloc, Shortage};
 
 /// The background reclaimer's period.
 const TICK: std::time::Duration = std::time::Duration::from_millis(10);
@@ -226,6 +226,10 @@ struct Passing<'a>(&'a Core);
 impl<'a> Passing<'a> {
     fn new(core: &'a Core) -> Passing<'a> {
         core.reclaiming.fetch_add(1, Ordering::Relaxed);
+        // Release: every page this pass changes is changed after it is
+        // counted (the Acquire fence in `faulting::nothing_to_wait_for`,
+        // which reads the regions before the count).
+        std::sync::atomic::fence(Ordering::Release);
         Passing(core)
     }
 }
