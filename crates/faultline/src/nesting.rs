@@ -120,8 +120,10 @@ impl Nesting {
         Busy { nesting: self }
     }
 
-    /// Counts a store-backed fault being served (by a worker or the
-    /// standby) until the guard drops.
+    /// Counts a store-backed fault being served (by a worker, the standby
+    /// or the faulting thread itself) until the guard drops; entered once
+    /// the fault holds its page's lock (or is served under a stopped
+    /// lender's), never while it waits for one.
     pub(crate) fn enter_serving(&self) -> Serving<'_> {
         // Relaxed: a hint for `reclaim::nothing_to_wait_for`, which only
         // decides whether to go on waiting.
@@ -129,8 +131,6 @@ impl Nesting {
         Serving { nesting: self }
     }
 
-    /// Store-backed faults being served now, the standby's included (a
-    /// hint).
     /// Store calls made under a fault lock (fills, write-backs): in flight
     /// now, and ended so far. A fault waiting for a frame takes either as
     /// progress: a slow or failing store (a server failing over) is not a
@@ -142,6 +142,8 @@ impl Nesting {
         )
     }
 
+    /// Store-backed faults being served now, the standby's included (a
+    /// hint).
     pub(crate) fn serving(&self) -> usize {
         self.serving.load(Ordering::Relaxed)
     }

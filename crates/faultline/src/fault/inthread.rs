@@ -182,12 +182,13 @@ fn serve(core: &Core, addr: usize) -> bool {
     let me = crate::locks::this_thread();
     let (domain, key) = region.lock_key(page);
     let idx = core.locks.index(domain, key);
-    let _serving = (!region.store.is_zero()).then(|| core.nesting.enter_serving());
     // None: the lock is this thread's own (a store read that faulted on a
     // page whose hashed lock the outer fault holds).
     let guard = core
         .locks
         .lock_index_unless(idx, Duration::from_millis(10), |owner| owner == me);
+    // Counted once it holds the lock (see `service::handle`).
+    let _serving = (!region.store.is_zero()).then(|| core.nesting.enter_serving());
     let how = Fault {
         addr,
         attempt: u32::from(guard.is_none()),

@@ -223,7 +223,6 @@ pub(crate) fn handle(
         // itself: it serves until a worker finishes.)
         let _busy = (worker < core.config.workers && !region.store.is_zero())
             .then(|| core.nesting.enter_busy());
-        let _serving = (!region.store.is_zero()).then(|| core.nesting.enter_serving());
         let guard = if lent {
             None
         } else {
@@ -232,6 +231,10 @@ pub(crate) fn handle(
                 None => return requeue(core, (ev, stamp)),
             }
         };
+        // Counted once it holds the lock: a fault waiting for another's
+        // lock frees no frame, and counted it would keep that other one
+        // waiting for it (`reclaim::nothing_to_wait_for`).
+        let _serving = (!region.store.is_zero()).then(|| core.nesting.enter_serving());
         let res = resolve(core, &region, page, &how);
         drop(guard);
         res
