@@ -125,8 +125,10 @@ impl Nesting {
     /// the fault holds its page's lock (or is served under a stopped
     /// lender's), never while it waits for one.
     pub(crate) fn enter_serving(&self) -> Serving<'_> {
-        // Relaxed: a hint for `reclaim::nothing_to_wait_for`, which only
-        // decides whether to go on waiting.
+        // Relaxed: read by `reclaim::nothing_to_wait_for`. A refusal needs
+        // it seen again after a failed allocation (`faulting::settle`),
+        // which an allocation this fault makes after this increment
+        // precedes through the allocator's lock.
         self.serving.fetch_add(1, Ordering::Relaxed);
         Serving { nesting: self }
     }
