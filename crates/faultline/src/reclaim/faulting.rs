@@ -223,3 +223,19 @@ fn nothing_to_wait_for(core: &Core) -> bool {
     }
     none_reclaimable || none_held
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The causes name the waits they follow (the error text is a
+    /// `&'static str`, so the figures are written out: a change to either
+    /// constant must change its message too).
+    #[test]
+    fn causes_name_the_waits_as_they_are() {
+        let stuck = format!("for {} s", WAIT_STUCK.as_secs());
+        assert!(Shortage::Stuck.why().contains(&stuck), "{stuck}");
+        let served = format!("in {} s", WAIT_SERVED.as_secs());
+        assert!(Shortage::Starved.why().contains(&served), "{served}");
+    }
+}
