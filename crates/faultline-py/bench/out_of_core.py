@@ -8,9 +8,12 @@ of the same limit, the page cache dropped before every run:
   a random 4 KiB page), in elements per second;
 - sum: ``a.sum()`` over the whole file, in MiB/s.
 
-Rows: faultline (4 KiB pages, and 2 MiB pages), numpy.memmap without a
-hint, and numpy.memmap with the hint a user would give it (its ``_mmap``'s
-``madvise``: MADV_RANDOM for gathers, MADV_SEQUENTIAL for the sum).
+Rows: faultline (4 KiB pages, and 2 MiB pages: ``faultline-2M``) with
+fault workers, the same with faults served in the faulting thread
+(``fault_mode="in-thread"``: the sides ending in ``-it``), numpy.memmap
+without a hint, and numpy.memmap with the hint a user would give it (its
+``_mmap``'s ``madvise``: MADV_RANDOM for gathers, MADV_SEQUENTIAL for the
+sum).
 Median and spread (min..max) over ``--runs`` runs; JSON lines with
 ``--json``. Root and the cgroup v1 memory controller
 (/sys/fs/cgroup/memory) are needed.
@@ -42,9 +45,10 @@ def child(args):
 
     n = args.data_mib * MiB // 8
     if args.side.startswith("faultline"):
-        page = "2M" if args.side == "faultline-2M" else "4K"
+        page = "2M" if args.side.startswith("faultline-2M") else "4K"
+        mode = "in-thread" if args.side.endswith("-it") else "workers"
         mm = faultline.Manager(budget=args.budget_mib * MiB, workers=2,
-                               small_zone_pct=100 if page == "4K" else 0)
+                               small_zone_pct=100 if page == "4K" else 0, fault_mode=mode)
         a = faultline.open_array(args.path, dtype=np.float64, shape=(n,), mode="r",
                                  manager=mm, page_size=page)
     else:
@@ -99,9 +103,10 @@ def main():
     p.add_argument("--path", default="/tmp/faultline-issue20-bench.f64")
     p.add_argument("--json", action="store_true")
     p.add_argument("--patterns", default="gather,sum")
-    p.add_argument("--gather-sides", default="faultline,memmap,memmap-hint",
+    p.add_argument("--gather-sides", default="faultline,faultline-it,memmap,memmap-hint",
                    help="faultline-2M is left out by default: each random element reads a 2 MiB page")
-    p.add_argument("--sum-sides", default="faultline,faultline-2M,memmap,memmap-hint")
+    p.add_argument("--sum-sides",
+                   default="faultline,faultline-it,faultline-2M,faultline-2M-it,memmap,memmap-hint")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--side", help=argparse.SUPPRESS)
     p.add_argument("--pattern", help=argparse.SUPPRESS)

@@ -63,6 +63,13 @@ fn page_size(v: &Bound<'_, PyAny>) -> PyResult<PageSize> {
     }
 }
 
+impl PyManager {
+    /// Whether faults are served in the faulting thread.
+    pub(crate) fn in_thread(&self) -> bool {
+        self.mm.config().fault_mode == faultline::FaultMode::InThread
+    }
+}
+
 /// Watches `mm`'s fault errors until `stop` (see the module doc).
 fn watch(mm: faultline::Manager, errors: Arc<Mutex<Vec<String>>>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
@@ -78,24 +85,42 @@ fn watch(mm: faultline::Manager, errors: Arc<Mutex<Vec<String>>>, stop: Arc<Atom
 impl PyManager {
     /// Starts a manager: `budget` bytes of frames (a multiple of 2 MiB; an
     /// int or "256M"), `workers` fault threads, and optionally the
-    /// read-ahead window (`readahead_max`, 4 KiB pages) and the share of the
-    /// budget in 4 KiB frames without huge pages (`small_zone_pct`).
+    /// read-ahead window (`readahead_max`, 4 KiB pages), the share of the
+    /// budget in 4 KiB frames without huge pages (`small_zone_pct`), and
+    /// who serves faults (`fault_mode`): `"workers"` (the default: every
+    /// access works, the kernel's own included) or `"in-thread"` (the
+    /// faulting thread serves its own fault in faultline's SIGBUS handler:
+    /// no hand-off to a worker, faster random access; the kernel's accesses
+    /// to pages not yet in memory, such as `file.readinto(array)` or
+    /// `array.tofile(file)`, fail with `EFAULT` unless the range is
+    /// prefetched first).
     #[new]
-    #[pyo3(signature = (budget = None, workers = 2, readahead_max = None, small_zone_pct = None))]
+    #[pyo3(signature = (budget = None, workers = 2, readahead_max = None, small_zone_pct = None, fault_mode = "workers"))]
     fn new(
         py: Python<'_>,
         budget: Option<&Bound<'_, PyAny>>,
         workers: usize,
         readahead_max: Option<usize>,
         small_zone_pct: Option<usize>,
+        fault_mode: &str,
     ) -> PyResult<Self> {
         let budget = match budget {
             Some(b) => size::from_py(b)?,
             None => 256 << 20,
         };
+        let mode = match fault_mode {
+            "workers" => faultline::FaultMode::Workers,
+            "in-thread" => faultline::FaultMode::InThread,
+            m => {
+                return Err(PyValueError::new_err(format!(
+                    "fault_mode is \"workers\" or \"in-thread\", not {m:?}"
+                )))
+            }
+        };
         let mut b = faultline::Manager::builder()
             .budget(budget)
-            .workers(workers);
+            .workers(workers)
+            .fault_mode(mode);
         if let Some(r) = readahead_max {
             b = b.readahead_max(r);
         }
@@ -303,6 +328,15 @@ impl PyManager {
     #[getter]
     fn budget(&self) -> usize {
         self.mm.stats().budget_frames * 4096
+    }
+
+    /// Who serves faults: `"workers"` or `"in-thread"`.
+    #[getter]
+    fn fault_mode(&self) -> &'static str {
+        match self.mm.config().fault_mode {
+            faultline::FaultMode::InThread => "in-thread",
+            _ => "workers",
+        }
     }
 
     /// The number of regions mapped.

@@ -78,6 +78,15 @@ impl PyRegion {
     ) -> PyRegion {
         let (addr, span) = with!(&mapped, r => (r.addr(), r.len()));
         let writable = matches!(mapped, Mapped::Rw(_));
+        // In-thread managers' unserved faults are reported by faultline's
+        // own handler, which runs first: the reporter speaks for the
+        // others only (one line per fault, not two).
+        let in_thread = manager.get().in_thread();
+        let slot = if in_thread {
+            None
+        } else {
+            sigbus::register(addr, addr + span)
+        };
         PyRegion {
             state: RwLock::new(Some(Arc::new(mapped))),
             exports: AtomicUsize::new(0),
@@ -85,7 +94,7 @@ impl PyRegion {
             len,
             addr,
             writable,
-            slot: sigbus::register(addr, addr + span),
+            slot,
             trim,
         }
     }

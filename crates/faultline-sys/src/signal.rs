@@ -53,6 +53,22 @@ pub fn install_sigbus(handler: Handler) -> Result<(), crate::SysError> {
     result
 }
 
+/// Whether `handler` is SIGBUS's action now (another may have been
+/// installed over it since [`install_sigbus`]).
+///
+/// # Errors
+/// The `sigaction(2)` error.
+pub fn sigbus_is(handler: Handler) -> Result<bool, crate::SysError> {
+    // SAFETY: an all-zero sigaction is a valid value, filled in below.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only reads the current one into `cur`,
+    // a live sigaction value.
+    if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) } != 0 {
+        return Err(crate::SysError::last("sigaction(SIGBUS)", 0, 0));
+    }
+    Ok(cur.sa_sigaction == handler as usize)
+}
+
 /// What a SIGBUS says: the address touched, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BusInfo {

@@ -37,6 +37,10 @@ use std::sync::Arc;
 /// still counted in the stats).
 const ERROR_QUEUE: usize = 1024;
 
+/// Causes of recent errors kept for the in-thread handler's message
+/// ([`Core::describe_error`]), whether or not the queue still has them.
+const RECENT_CAUSES: usize = 16;
+
 /// An event as read, with [`Core::region_stamp`] at the time it was read:
 /// regions with that id or a higher one were mapped after the event was
 /// read (an unmap event concerns none of them).
@@ -81,6 +85,11 @@ pub(crate) struct Core {
     errors: Mutex<VecDeque<FaultError>>,
     /// Signalled when an error is queued ([`Core::wait_error`]).
     errors_cv: parking_lot::Condvar,
+    /// The newest errors that name an address, as `(address, text)`: a
+    /// program (or the Python binding's watcher) may take an error off the
+    /// queue before the poisoned access's SIGBUS asks for its cause. A
+    /// leaf lock.
+    causes: Mutex<VecDeque<(usize, String)>>,
     /// The object ranges mapped by live regions (a leaf lock, taken at map
     /// and teardown).
     objects: Mutex<Vec<ObjectUse>>,
@@ -171,6 +180,7 @@ impl Core {
             fps: Arc::new(Fingerprints::new(pool.pages())),
             errors: Mutex::new(VecDeque::new()),
             errors_cv: parking_lot::Condvar::new(),
+            causes: Mutex::new(VecDeque::new()),
             objects: Mutex::new(Vec::new()),
             unmaps_pending: AtomicUsize::new(0),
             readers: AtomicUsize::new(0),
@@ -405,6 +415,13 @@ impl Core {
     pub(crate) fn record(&self, e: FaultError) {
         tracing::warn!(error = %e, "fault error");
         Stats::bump(&self.stats.errors);
+        if let Some(addr) = e.addr() {
+            let mut c = self.causes.lock();
+            if c.len() == RECENT_CAUSES {
+                c.pop_front();
+            }
+            c.push_back((addr, e.to_string()));
+        }
         let mut q = self.errors.lock();
         if q.len() == ERROR_QUEUE {
             q.pop_front();
@@ -421,14 +438,14 @@ impl Core {
         q.remove(i)
     }
 
-    /// The newest queued error about an address in `[start, end)`,
-    /// formatted (left queued).
+    /// The newest recent error about an address in `[start, end)`,
+    /// formatted (whether or not it is still queued).
     pub(crate) fn describe_error(&self, start: usize, end: usize) -> Option<String> {
-        let q = self.errors.lock();
-        q.iter()
+        let c = self.causes.lock();
+        c.iter()
             .rev()
-            .find(|e| e.addr().is_some_and(|a| a >= start && a < end))
-            .map(ToString::to_string)
+            .find(|(a, _)| (start..end).contains(a))
+            .map(|(_, text)| text.clone())
     }
 
     /// [`Core::take_error`], waiting up to `timeout` for one to be queued.

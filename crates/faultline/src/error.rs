@@ -115,6 +115,15 @@ pub enum BuildError {
     /// A worker thread could not be started.
     #[error("starting fault worker: {0}")]
     Thread(#[source] std::io::Error),
+    /// In-thread faults ([`crate::FaultMode::InThread`]) need faultline's
+    /// SIGBUS handler, and another handler has replaced it since the first
+    /// in-thread manager installed it: faults would go to that one.
+    #[error(
+        "another SIGBUS handler was installed over faultline's since the first in-thread manager \
+         started, so in-thread faults would not reach faultline; install other SIGBUS handlers \
+         (e.g. Python's faulthandler) before the first in-thread manager, or use fault workers"
+    )]
+    SigbusTaken,
 }
 
 /// Why a region could not be mapped.

@@ -126,6 +126,12 @@ fn an_unservable_fault_still_ends_in_sigbus() {
         // SIGBUS (which the handler passes on, having said why: SIG_DFL
         // kills).
         let mm = manager(2 * MIB);
+        // A watcher takes errors off the queue as they come (as the Python
+        // binding's does): the handler still knows the cause.
+        let watcher = mm.clone();
+        std::thread::spawn(move || loop {
+            let _ = watcher.next_error(std::time::Duration::from_millis(100));
+        });
         let r = mm
             .map(4 * MIB, Zero, MapOptions::new().page_size(PageSize::Huge2M))
             .expect("map");
@@ -167,5 +173,38 @@ fn a_sigbus_that_is_not_faultlines_goes_on() {
     assert_eq!(
         common::child_signal("a_sigbus_that_is_not_faultlines_goes_on"),
         Some(libc::SIGBUS)
+    );
+}
+
+#[test]
+fn a_handler_installed_over_faultlines_is_refused_by_the_next_manager() {
+    if common::in_child() {
+        // The first in-thread manager installs faultline's handler; the
+        // program then installs its own over it (as Python's
+        // `faulthandler.enable()` would). A second in-thread manager must
+        // say so, not start and leave its faults to the other handler.
+        let first = manager(4 * MIB);
+        extern "C" fn other(_: libc::c_int) {}
+        // SAFETY: all-zero is a valid sigaction (SIG_DFL, empty mask),
+        // then `other` as a plain handler; only this child process uses it.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = other as extern "C" fn(libc::c_int) as usize;
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut())
+        };
+        assert_eq!(rc, 0);
+        let mut c = common::config(4 * MIB);
+        c.fault_mode = FaultMode::InThread;
+        match faultline::ManagerBuilder::from_config(c).build() {
+            Err(faultline::BuildError::SigbusTaken) => println!("refused: SigbusTaken"),
+            Err(e) => println!("another error: {e}"),
+            Ok(_) => println!("built"),
+        }
+        drop(first);
+        std::process::exit(0);
+    }
+    common::run_in_child(
+        "a_handler_installed_over_faultlines_is_refused_by_the_next_manager",
+        "refused: SigbusTaken",
     );
 }

@@ -81,14 +81,15 @@ class Array(_np.ndarray):
 
 
 def open_array(path, dtype="uint8", shape=None, mode="r+", offset=0, order="C",
-               budget="256M", workers=2, page_size="4K", manager=None):
+               budget="256M", workers=2, page_size="4K", manager=None, fault_mode="workers"):
     """Opens a file as a NumPy array served by faultline, like ``numpy.memmap``.
 
     ``mode``: ``"r"`` (read-only array), ``"r+"`` (read-write) or ``"w+"``
     (create or overwrite; ``shape`` required). ``shape`` defaults to the rest
     of the file as a 1-D array. ``budget`` (bytes or ``"256M"``) and
     ``workers`` configure the array's own ``Manager`` unless ``manager`` is
-    given. ``page_size``: ``"4K"`` or ``"2M"``.
+    given, and so does ``fault_mode`` (``"workers"`` or ``"in-thread"``: see
+    ``Manager``). ``page_size``: ``"4K"`` or ``"2M"``.
     """
     dtype = _np.dtype(dtype)
     if mode not in ("r", "r+", "w+"):
@@ -108,7 +109,9 @@ def open_array(path, dtype="uint8", shape=None, mode="r+", offset=0, order="C",
     nbytes = count * dtype.itemsize
     if nbytes == 0:
         raise ValueError("cannot map an empty array")
-    mm = manager if manager is not None else Manager(budget=budget, workers=workers)
+    if manager is None:
+        manager = Manager(budget=budget, workers=workers, fault_mode=fault_mode)
+    mm = manager
     region = mm.map_file(path, mode=mode, offset=offset, length=nbytes, page_size=page_size)
     flat = _np.frombuffer(region, dtype=dtype, count=count)
     arr = flat.reshape(shape, order=order).view(Array)

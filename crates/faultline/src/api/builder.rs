@@ -60,6 +60,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// Who serves missing-page faults: fault workers (the default) or the
+    /// faulting thread itself ([`Config::fault_mode`], with its costs).
+    pub fn fault_mode(mut self, mode: crate::config::FaultMode) -> Self {
+        self.config.fault_mode = mode;
+        self
+    }
+
     /// Whether workers are pinned one per CPU ([`Config::pin_workers`]).
     pub fn pin_workers(mut self, pin: bool) -> Self {
         self.config.pin_workers = pin;

@@ -26,6 +26,7 @@
 use super::resolve::{resolve, Fault};
 use super::Resolution;
 use crate::core::Core;
+use crate::error::BuildError;
 use faultline_sys::signal::{self, BusInfo, SavedErrno};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
@@ -54,10 +55,14 @@ pub(crate) struct Registration(usize);
 /// Installs the handler (once per process) and registers `core`.
 ///
 /// # Errors
-/// The `sigaction` error, or `ENOSPC` when [`SLOTS`] in-thread managers
-/// exist already.
-pub(crate) fn register(core: &Arc<Core>) -> Result<Registration, faultline_sys::SysError> {
+/// The `sigaction` error; `ENOSPC` when [`SLOTS`] in-thread managers exist
+/// already; [`BuildError::SigbusTaken`] when another handler replaced
+/// faultline's after it was installed.
+pub(crate) fn register(core: &Arc<Core>) -> Result<Registration, BuildError> {
     signal::install_sigbus(on_sigbus)?;
+    if !signal::sigbus_is(on_sigbus)? {
+        return Err(BuildError::SigbusTaken);
+    }
     let raw = Arc::into_raw(Arc::clone(core)).cast_mut();
     for (i, slot) in SLOTS_TABLE.iter().enumerate() {
         // SeqCst: see the module doc.
@@ -71,12 +76,12 @@ pub(crate) fn register(core: &Arc<Core>) -> Result<Registration, faultline_sys::
     }
     // SAFETY: `raw` came from `Arc::into_raw` above and was not published.
     drop(unsafe { Arc::from_raw(raw) });
-    Err(faultline_sys::SysError {
+    Err(BuildError::Sys(faultline_sys::SysError {
         op: "register an in-thread manager",
         addr: 0,
         len: SLOTS,
         errno: libc::ENOSPC,
-    })
+    }))
 }
 
 impl Drop for Registration {
@@ -149,7 +154,7 @@ fn unserved(addr: usize) -> Option<Cow<'static, str>> {
         let start = r.page_addr(page);
         let cause = core
             .describe_error(start, start + r.page_size.bytes())
-            .unwrap_or_else(|| "its cause is no longer queued".to_owned());
+            .unwrap_or_else(|| "its cause is no longer known".to_owned());
         Some(Cow::Owned(format!(
             ": a fault on a faultline region could not be served in this \
              thread ({cause}); the signal goes on to the previous action"
