@@ -7,9 +7,10 @@
 //! becomes a Python exception carrying its cause); a region is never
 //! unmapped while a buffer view of it is exported; a Python region keeps
 //! its Python manager alive. Faults on region memory are served by
-//! faultline's own worker threads, which never take the GIL, so NumPy code
-//! that touches region memory with or without the GIL held cannot deadlock
-//! on faultline. Locks: each region's state lock (a leaf, never held while
+//! faultline's own worker threads, or (`fault_mode="in-thread"`) by its
+//! SIGBUS handler in the faulting thread; neither takes the GIL, so NumPy
+//! code that touches region memory with or without the GIL held cannot
+//! deadlock on faultline. Locks: each region's state lock (a leaf, never held while
 //! waiting for the GIL); the SIGBUS reporter's error slot (atomics only).
 
 mod manager;

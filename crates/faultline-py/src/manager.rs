@@ -347,9 +347,10 @@ impl PyManager {
 
     fn __repr__(&self) -> String {
         format!(
-            "faultline.Manager(budget={}, workers={}, regions={})",
+            "faultline.Manager(budget={}, workers={}, fault_mode='{}', regions={})",
             self.budget(),
             self.mm.config().workers,
+            self.fault_mode(),
             self.mm.regions()
         )
     }

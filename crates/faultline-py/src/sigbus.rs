@@ -16,6 +16,11 @@
 //! handler never reads freed memory; one small string per failed fault).
 //! No locks.
 //!
+//! Regions of in-thread managers are not registered: faultline's own
+//! handler, installed after this one (at the first in-thread manager), runs
+//! first, names the cause itself and passes the signal on to this one,
+//! which then only puts the previous action back.
+//!
 //! Why libc here: installing a signal handler and writing from it are
 //! process-level FFI glue the library does not offer (faultline-sys holds
 //! the library's own system calls; a binding's signal disposition is the

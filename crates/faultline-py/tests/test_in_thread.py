@@ -30,6 +30,7 @@ def write_random(path, nbytes, seed):
 def in_thread(budget):
     mm = faultline.Manager(budget=budget, workers=2, fault_mode="in-thread")
     assert mm.fault_mode == "in-thread"
+    assert "fault_mode='in-thread'" in repr(mm)
     return mm
 
 

@@ -11,12 +11,16 @@ dtype)`` views its pages without a copy. ``open_array`` is the one-liner, like
     a = faultline.open_array("data.f32", dtype="float32", shape=(n,), mode="r", budget="256M")
     a[idx].sum()
 
-Faults are served by faultline's own threads, which never take the GIL. A
-fault that cannot be served (no frame, a failed read) happens inside NumPy's
-C code, where no exception can be raised: the process prints one line on
-stderr, ``faultline: SIGBUS at 0x...: a fault on a faultline region could not
-be served: <cause>; the process dies with SIGBUS``, and then dies of SIGBUS
-(after ``faulthandler``'s traceback, if it is enabled).
+Faults are served by faultline's own threads (``fault_mode="workers"``, the
+default) or by the faulting thread itself in faultline's SIGBUS handler
+(``fault_mode="in-thread"``: faster random access; the kernel's own accesses
+to pages not in memory, such as ``file.readinto(array)``, fail with EFAULT
+unless prefetched). Neither takes the GIL. A fault that cannot be served (no
+frame, a failed read) happens inside NumPy's C code, where no exception can
+be raised: the process prints one line on stderr naming the address and the
+cause (``faultline: SIGBUS at 0x...: a fault on a faultline region could not
+be served...``), and then dies of SIGBUS (after ``faulthandler``'s
+traceback, if it is enabled).
 """
 
 import numpy as _np
