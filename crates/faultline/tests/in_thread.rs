@@ -2,10 +2,12 @@
 //! faults: zero and file regions from several threads against an oracle,
 //! under a budget smaller than the data (reclaim and write-back run beside
 //! the in-thread faults); the kernel's own accesses get `EFAULT` until the
-//! range is prefetched; an unservable fault still ends in SIGBUS, and a
-//! SIGBUS that is not faultline's goes on to the previous action. Needs
-//! userfaultfd with `UFFD_FEATURE_SIGBUS` (root); fails with the reason
-//! otherwise.
+//! range is prefetched; an unservable fault still ends in SIGBUS (its cause
+//! named even when a watcher took the error off the queue first), a SIGBUS
+//! that is not faultline's goes on to the previous action, and a handler
+//! installed over faultline's makes the next in-thread manager refuse to
+//! start. Needs userfaultfd with `UFFD_FEATURE_SIGBUS` (root); fails with
+//! the reason otherwise.
 
 use faultline::store::{File, FileOptions, Zero};
 use faultline::{FaultMode, MapOptions, PageSize};
