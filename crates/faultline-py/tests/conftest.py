@@ -1,4 +1,4 @@
-"""Shared fixtures: a per-test scratch directory, and the userfaultfd check
+"""Shared fixtures and helpers: a per-test scratch directory, the oracle file
 (the tests need root or /dev/userfaultfd access: they fail, with that
 reason, rather than skip)."""
 
@@ -28,6 +28,17 @@ def need_userfaultfd():
 def scratch(tmp_path):
     """A directory of this test's own (pytest's tmp_path is per test)."""
     return tmp_path
+
+
+def write_random(path, nbytes, seed):
+    """Writes ``nbytes`` of random uint64 words to ``path``; returns them
+    (the oracle)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 2**63, size=nbytes // 8, dtype=np.uint64)
+    data.tofile(path)
+    return data
 
 
 def thp_available():

@@ -13,16 +13,9 @@ import numpy as np
 import pytest
 
 import faultline
-from conftest import thp_available
+from conftest import thp_available, write_random
 
 MiB = 1 << 20
-
-
-def write_random(path, nbytes, seed):
-    rng = np.random.default_rng(seed)
-    data = rng.integers(0, 2**63, size=nbytes // 8, dtype=np.uint64)
-    data.tofile(path)
-    return data
 
 
 def test_read_write_against_oracle(scratch):
