@@ -1,6 +1,7 @@
-"""Shared fixtures and helpers: a per-test scratch directory, the oracle file
-(the tests need root or /dev/userfaultfd access: they fail, with that
-reason, rather than skip)."""
+"""Shared fixtures and helpers: a per-test scratch directory, the random
+oracle file (``write_random``), and the userfaultfd check (the tests need
+root or /dev/userfaultfd access: they fail, with that reason, rather than
+skip)."""
 
 import os
 
