@@ -267,6 +267,9 @@ int64_t fl_region_discard(const struct fl_region *r, uint64_t offset, uint64_t l
 
 // Moves the resident pages of bytes `[offset, offset + len)` to pool
 // `pool` (0 is the budget). Returns the pages moved, or a negative errno.
+// Pages the kernel will not move for a move's deadline (shared with a
+// child of `fork()`, pinned for I/O) stay, and the call returns there:
+// fewer pages than expected means call again later.
 //
 // # Safety
 // `r` is a live region.

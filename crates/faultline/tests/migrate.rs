@@ -1,8 +1,9 @@
 //! Migration between pools and huge-page collapse on real faults: pages move
 //! while application threads read and write them (checked against a per-word
-//! oracle), a full pool fails cleanly and leaves the data where it was, and a
-//! collapsed block is one huge page. Needs userfaultfd (root); fails with the
-//! reason otherwise.
+//! oracle), a full pool fails cleanly and leaves the data where it was, pages
+//! the kernel will not move stay put without holding the fault locks for
+//! long, and a collapsed block is one huge page. Needs userfaultfd (root);
+//! fails with the reason otherwise.
 
 use faultline::store::Zero;
 use faultline::{Config, CopyMethod, CopyPlan, MapOptions, MigrateError, PageSize, Region};
@@ -315,4 +316,65 @@ fn small_page_zone_serves_4k_frames_and_thp_zone_2m() {
     );
     assert!(contents(&small).iter().all(|&b| b == 3));
     assert!(mm.take_error().is_none());
+}
+
+#[test]
+fn pages_the_kernel_will_not_move_stay_and_do_not_hold_the_locks() {
+    if common::in_child() {
+        // The program lets a child inherit the region (MADV_DOFORK) and
+        // forks one that lives on: every page of the region is now shared
+        // copy-on-write, and UFFDIO_MOVE refuses to move a page that is not
+        // the process's alone (EBUSY) for as long as the child lives. A
+        // migration must give up on such pages within a move's deadline,
+        // not retry each one for a deadline while it holds the fault locks
+        // every other fault needs.
+        let mm = tiered(16 * MIB, 16 * MIB);
+        let r = mm.map(2 * MIB, Zero, MapOptions::new()).expect("map");
+        fill(&r, 0x5a);
+        // SAFETY: madvise on this region's own range; it changes only
+        // what fork() copies.
+        let rc = unsafe { libc::madvise(r.as_mut_ptr().cast(), r.len(), libc::MADV_DOFORK) };
+        assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
+        let mut fds = [0; 2];
+        // SAFETY: a pipe for the child to wait on.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only reads the pipe and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let mut b = 0u8;
+            // SAFETY: blocks until the parent closes its end (or dies).
+            unsafe {
+                libc::close(fds[1]);
+                libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the parent's copy of the read end.
+        unsafe { libc::close(fds[0]) };
+        let t = Instant::now();
+        let moved = r.migrate(0..r.len(), 1);
+        let took = t.elapsed();
+        // SAFETY: lets the child go, then reaps it.
+        unsafe {
+            libc::close(fds[1]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        let report = moved.expect("migrate");
+        assert!(
+            took < Duration::from_secs(10),
+            "the migration held on for {took:?} ({} of 512 pages moved)",
+            report.pages
+        );
+        assert_eq!(report.pages, 0, "a shared page moved");
+        assert_eq!(report.refused, 512, "{report:?}");
+        assert!(contents(&r).iter().all(|&b| b == 0x5a), "data changed");
+        assert!(mm.take_error().is_none());
+        println!("refused pages left in {took:?}, {} moved", report.pages);
+        std::process::exit(0);
+    }
+    common::run_in_child(
+        "pages_the_kernel_will_not_move_stay_and_do_not_hold_the_locks",
+        "refused pages left in",
+    );
 }

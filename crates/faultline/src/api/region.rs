@@ -232,7 +232,11 @@ impl<A: Access> Region<A> {
     /// hold data — resident or parked — into frames of pool `pool`, while
     /// the application may keep using them: a touch during a page's move
     /// waits for it (DESIGN.md, "Migration"). Pages already there are left
-    /// alone.
+    /// alone. Pages the kernel will not move for a whole move deadline (2 s:
+    /// a page shared with a child of `fork()` after `MADV_DOFORK`, or pinned
+    /// for I/O) stay where they are, counted in [`MigrateReport::refused`],
+    /// and the call returns there, the rest of the range untried: it never
+    /// holds the fault locks of a batch for much longer than that deadline.
     ///
     /// # Errors
     /// [`MigrateError`]: a range outside the region, no such pool, or a

@@ -53,7 +53,7 @@ pub(crate) fn collapse(
     // copy inside the pool; the frame is ours and holds nothing yet).
     core.pool.make_huge(&huge);
     let t = todo.len();
-    move_out(core, r, &mut todo);
+    report.refused += move_out(core, r, &mut todo);
     if todo.len() < t {
         // Some page would not move out: put back those that did, give up.
         // (A page the kernel will not take back stays parked in its frame.)

@@ -36,20 +36,20 @@
 //! list, the pool's split lock). The job list's mutex is a leaf.
 
 use crate::config::{CopyMethod, PageSize};
-use crate::copyjob::{Claims, CopyJob, Piece};
 use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator, PoolId, PAGES_PER_HUGE};
 use crate::pagemove::{self, MoveError};
 use crate::region::{PageState, RegionInner};
-use crate::stats::Stats;
 use crate::sync::atomic::Ordering;
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
-use std::sync::Arc;
 use std::time::Instant;
 
 mod collapse;
+mod copy;
 
 pub(crate) use collapse::collapse;
+pub(crate) use copy::help;
+use copy::{run_copy, runs};
 
 /// Why a migration or collapse did not (wholly) happen.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +87,9 @@ pub enum MigrateError {
         /// The region's address.
         addr: usize,
     },
-    /// Collapse needs a 4 KiB-page region and whole 2 MiB blocks.
+    /// Collapse needs a 4 KiB-page region and whole 2 MiB blocks, every
+    /// page of which it can move out (the kernel may refuse one for a
+    /// move's deadline: a page shared with a child of `fork()`, pinned).
     #[error("cannot collapse at {addr:#x}: {what}")]
     NotCollapsible {
         /// The block's address.
@@ -126,82 +128,11 @@ pub struct MigrateReport {
     pub copy_ns: u64,
     /// Nanoseconds in total.
     pub total_ns: u64,
-}
-
-// ---------------------------------------------------------------- copying --
-
-/// Called by a fault worker that found no event: copies one piece of an
-/// offered job, if any may be taken. Returns whether it did.
-pub(crate) fn help(core: &Core, worker: usize) -> bool {
-    // Acquire pairs with the Release increment in `run_copy`; a stale zero
-    // just means this worker sleeps and the owner copies alone.
-    if core.copy_pending.load(Ordering::Acquire) == 0 {
-        return false;
-    }
-    let job = core
-        .copy_jobs
-        .lock()
-        .iter()
-        .find(|j| {
-            j.claims.has_work()
-                && j.owner_cpu != faultline_sys::host::current_cpu()
-                && j.claims.may_join(worker)
-        })
-        .cloned();
-    match job {
-        Some(j) if j.run_one() => {
-            Stats::bump(&core.stats.copy_chunks_helped);
-            true
-        }
-        _ => false,
-    }
-}
-
-/// Copies `runs` (pool address pairs and lengths) by `plan`; returns the
-/// nanoseconds it took.
-fn run_copy(core: &Core, runs: &[Piece], plan: CopyPlan) -> u64 {
-    let t = Instant::now();
-    let total: usize = runs.iter().map(|r| r.len).sum();
-    // A copy of one chunk or less is not worth a helper's wake-up.
-    if plan.threads <= 1 || total <= plan.chunk {
-        for r in runs {
-            // SAFETY: the caller holds both frames of every run in flight, and
-            // this thread alone copies them.
-            unsafe { r.copy(plan.method) };
-        }
-        return t.elapsed().as_nanos() as u64;
-    }
-    let mut pieces = Vec::new();
-    for r in runs {
-        let mut off = 0;
-        while off < r.len {
-            let len = plan.chunk.min(r.len - off);
-            pieces.push(Piece {
-                src: r.src + off,
-                dst: r.dst + off,
-                len,
-            });
-            off += len;
-        }
-    }
-    let job = Arc::new(CopyJob {
-        claims: Claims::new(pieces.len(), (plan.threads - 1) as u32),
-        pieces,
-        method: plan.method,
-        owner_cpu: faultline_sys::host::current_cpu(),
-    });
-    core.copy_jobs.lock().push(Arc::clone(&job));
-    // Release pairs with the Acquire in `help`.
-    core.copy_pending.fetch_add(1, Ordering::Release);
-    if let Err(e) = core.deferred_fd.signal() {
-        // No helper will come; the owner copies alone.
-        core.record(crate::error::FaultError::Events(e));
-    }
-    while job.run_one() {}
-    job.wait();
-    core.copy_jobs.lock().retain(|j| !Arc::ptr_eq(j, &job));
-    core.copy_pending.fetch_sub(1, Ordering::Relaxed);
-    t.elapsed().as_nanos() as u64
+    /// Pages left where they were because the kernel would not move them
+    /// for a whole move deadline (a page shared with a child of `fork()`,
+    /// or pinned for I/O). The call stops at the first such batch: the rest
+    /// of the range is not tried (call again later).
+    pub refused: usize,
 }
 
 // --------------------------------------------------------------- protocol --
@@ -236,7 +167,7 @@ pub(crate) fn migrate(
         PageSize::Base4K => PAGES_PER_HUGE,
     };
     let mut p = pages.start;
-    while p < pages.end {
+    while p < pages.end && report.refused == 0 {
         let end = ((p / per_batch + 1) * per_batch).min(pages.end);
         migrate_batch(core, r, p..end, pool, plan, &mut report)?;
         p = end;
@@ -287,7 +218,7 @@ fn migrate_batch(
         });
     }
     new.sort_unstable_by_key(Frame::index);
-    move_out(core, r, &mut todo);
+    report.refused += move_out(core, r, &mut todo);
     if todo.len() < new.len() {
         // Pages that could not be moved out stay where they are.
         let mut spare = new.split_off(todo.len());
@@ -318,28 +249,6 @@ fn migrate_batch(
     // The `new` frames now belong to their pages (resident or parked): the
     // region's page states record them.
     Ok(())
-}
-
-/// Copy runs for `(old, new)` frame index pairs: consecutive pairs whose old
-/// and new frames both continue a run are merged (fault-around runs and
-/// collapsed blocks copy as one piece).
-fn runs(core: &Core, pairs: &[(u32, u32)], unit: usize, per_unit: u32) -> Vec<Piece> {
-    let mut out: Vec<Piece> = Vec::new();
-    let mut last: Option<(u32, u32)> = None;
-    for &(o, n) in pairs {
-        match (last, out.last_mut()) {
-            (Some((lo, ln)), Some(run)) if o == lo + per_unit && n == ln + per_unit => {
-                run.len += unit;
-            }
-            _ => out.push(Piece {
-                src: core.pool.slot_addr(o),
-                dst: core.pool.slot_addr(n),
-                len: unit,
-            }),
-        }
-        last = Some((o, n));
-    }
-    out
 }
 
 /// The batch's pages that hold data outside `pool`, with their frames.
@@ -402,10 +311,20 @@ fn run_at(todo: &[Todo], i: usize, per_unit: u32, frame: impl Fn(usize) -> u32) 
 /// gathers a page the program dropped part of). A page that cannot be moved
 /// out is dropped from `todo`: it stays resident in its old frame. Caller
 /// holds the pages' locks.
-fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
+///
+/// Bounded: once the kernel has refused a run for a whole move deadline (a
+/// page held elsewhere: shared with a child of `fork()`, pinned for I/O),
+/// or the batch has taken that long, the resident pages left stay where
+/// they are — trying each would wait out a deadline per page while the
+/// batch's fault locks, which every fault hashing to them needs, are held.
+/// Returns how many were left so.
+fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) -> usize {
     let unit = r.page_size.bytes();
     let per_unit = (unit / PAGE_SIZE) as u32;
     let mut keep = vec![true; todo.len()];
+    let started = Instant::now();
+    let mut held = false;
+    let mut refused = 0;
     let mut i = 0;
     while i < todo.len() {
         let t = todo[i];
@@ -414,23 +333,39 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) {
             continue;
         }
         let n = run_at(todo, i, per_unit, |j| todo[j].old);
+        held = held || started.elapsed() > pagemove::DEADLINE;
+        if held {
+            keep[i..i + n].fill(false);
+            refused += n;
+            i += n;
+            continue;
+        }
         let slot = core.pool.slot_addr(t.old);
         // SAFETY: the pages are resident under their locks and their frames'
         // slots are the holes they left; faultline holds no reference into
         // either range.
         let whole = unsafe { pagemove::move_out(core, slot, r.page_addr(t.page), n * unit) };
-        if whole.is_err() {
-            for j in i..i + n {
-                // Parked now (or, if it cannot be, left resident).
-                keep[j] = pagemove::park(core, r, todo[j].page, todo[j].old)
-                    .map_err(|e| core.record(e))
-                    .is_ok();
+        match whole {
+            Ok(()) => {}
+            Err(e) if e.is_held() => {
+                held = true;
+                keep[i..i + n].fill(false);
+                refused += n;
+            }
+            Err(_) => {
+                for j in i..i + n {
+                    // Parked now (or, if it cannot be, left resident).
+                    keep[j] = pagemove::park(core, r, todo[j].page, todo[j].old)
+                        .map_err(|e| core.record(e))
+                        .is_ok();
+                }
             }
         }
         i += n;
     }
     let mut k = keep.iter();
     todo.retain(|_| k.next().copied().unwrap_or(false));
+    refused
 }
 
 /// Records `n` pages from `page` as resident in the frames from `first` and

@@ -58,7 +58,7 @@ pub(crate) use park::{
 
 /// How long a move keeps retrying pages the kernel refuses for the moment
 /// (a reference held briefly, a split in progress) before it undoes itself.
-const DEADLINE: Duration = Duration::from_secs(2);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(2);
 
 /// Whether source pages with no data are an error or skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,14 @@ pub(crate) enum MoveError {
 }
 
 impl MoveError {
+    /// The kernel refused the whole move for a whole [`DEADLINE`] with a
+    /// refusal it lifts on its own (`EAGAIN`, `EBUSY`): a page held
+    /// elsewhere — shared with a child of `fork()`, pinned for I/O — or an
+    /// event left unread that long. Nothing moved.
+    pub(crate) fn is_held(&self) -> bool {
+        matches!(self, MoveError::Refused(e) if matches!(e.errno, libc::EAGAIN | libc::EBUSY))
+    }
+
     /// The failure as a system error, for [`crate::FaultError::Move`].
     pub(crate) fn into_sys(self, addr: usize, len: usize) -> SysError {
         let errno = match &self {
