@@ -6,7 +6,8 @@
 //! Invariant: as for migration — each page's data is at every moment in
 //! exactly one of the region, its old frame's slot, or the huge frame; a
 //! failure leaves pages parked, never lost. Locks: the block's fault
-//! locks, ascending, then leaf locks.
+//! locks, ascending, then leaf locks; the target frame is taken and its
+//! THP re-formed (`MADV_COLLAPSE`, which may compact memory) before them.
 
 use super::{
     lock_batch, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,
@@ -33,13 +34,10 @@ pub(crate) fn collapse(
     let addr = r.page_addr(first);
     check(core, r, first, pool)?;
     let block = first..first + PAGES_PER_HUGE;
-    let _guards = lock_batch(core, r, block.clone());
-    if r.dying() {
-        return Ok(false);
-    }
-    let mut todo = block_pages(r, block)?;
-    if in_one_frame(core, &todo, pool, addr) {
-        // Already one frame, mapped by one PMD.
+    // A first look without the locks (all of it looked at again under
+    // them): a block not all in memory, or already one frame mapped by one
+    // PMD, needs no frame.
+    if in_one_frame(core, &block_pages(r, block.clone())?, pool, addr) {
         return Ok(false);
     }
     let Some(huge) = crate::budget::alloc_in(core, pool, HUGE_ORDER) else {
@@ -49,9 +47,24 @@ pub(crate) fn collapse(
             pages: PAGES_PER_HUGE,
         });
     };
-    // Before anything moves: re-form the block's THP if it was split (a
-    // copy inside the pool; the frame is ours and holds nothing yet).
+    // Re-form the target's THP if it was split (a copy inside the pool; the
+    // frame is ours and holds nothing yet) before the block's fault locks
+    // are taken: MADV_COLLAPSE may compact memory for a long while, and
+    // every fault that hashes to those locks would wait for it.
     core.pool.make_huge(&huge);
+    let _guards = lock_batch(core, r, block.clone());
+    let todo = match block_pages(r, block) {
+        Ok(todo) if !r.dying() && !in_one_frame(core, &todo, pool, addr) => Ok(todo),
+        Ok(_) => Err(None),
+        Err(e) => Err(Some(e)),
+    };
+    let mut todo = match todo {
+        Ok(todo) => todo,
+        Err(e) => {
+            core.alloc.free(huge);
+            return e.map_or(Ok(false), Err);
+        }
+    };
     let t = todo.len();
     report.refused += move_out(core, r, &mut todo);
     if todo.len() < t {
