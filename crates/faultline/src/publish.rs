@@ -134,6 +134,7 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("reclaim_waits", C, s.reclaim_waits),
         ("evicted", C, s.evicted),
         ("parked", C, s.parked),
+        ("reclaim_held", C, s.reclaim_held),
         ("unparked", C, s.unparked),
         ("prezeroed_made", C, s.prezeroed_made),
         ("readaheads", C, s.readaheads),

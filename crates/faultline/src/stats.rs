@@ -42,6 +42,7 @@ pub struct Stats {
     pub(crate) readaheads: AtomicU64,
     pub(crate) unparked: AtomicU64,
     pub(crate) parked: AtomicU64,
+    pub(crate) reclaim_held: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) written_back: AtomicU64,
     pub(crate) clean_skipped: AtomicU64,
@@ -98,6 +99,7 @@ impl Stats {
             readaheads: AtomicU64::new(0),
             unparked: AtomicU64::new(0),
             parked: AtomicU64::new(0),
+            reclaim_held: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             clean_skipped: AtomicU64::new(0),
             reclaim_waits: AtomicU64::new(0),
@@ -189,6 +191,7 @@ impl Stats {
             reclaim_waits: r(&self.reclaim_waits),
             evicted: r(&self.evicted),
             parked: r(&self.parked),
+            reclaim_held: r(&self.reclaim_held),
             unparked: r(&self.unparked),
             prezeroed_made: r(&self.prezeroed_made),
             readaheads: r(&self.readaheads),
@@ -392,6 +395,11 @@ pub struct StatsSnapshot {
     pub evicted: u64,
     /// Pages reclaim soft-unmapped (parked).
     pub parked: u64,
+    /// Times reclaim passed over a resident page the kernel would not move
+    /// out (`EBUSY`: shared copy-on-write with a child of `fork()` that
+    /// inherited the region, or pinned for I/O); the hand skips such a page
+    /// for a second after each refusal.
+    pub reclaim_held: u64,
     /// Touches of parked pages (minor faults: the frame moved back).
     pub unparked: u64,
     /// 2 MiB frames the zeroing worker put in the reserve.
@@ -498,8 +506,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "reclaim     parked {}, evicted {}, unparked {}, written back {} (clean, not written: {}); read-aheads {}; waits for a frame {}",
-            self.parked, self.evicted, self.unparked, self.written_back, self.clean_skipped, self.readaheads, self.reclaim_waits
+            "reclaim     parked {}, evicted {}, unparked {}, written back {} (clean, not written: {}); read-aheads {}; waits for a frame {}; held pages passed over {}",
+            self.parked, self.evicted, self.unparked, self.written_back, self.clean_skipped, self.readaheads, self.reclaim_waits, self.reclaim_held
         )?;
         writeln!(
             f,

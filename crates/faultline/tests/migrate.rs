@@ -331,35 +331,11 @@ fn pages_the_kernel_will_not_move_stay_and_do_not_hold_the_locks() {
         let mm = tiered(16 * MIB, 16 * MIB);
         let r = mm.map(2 * MIB, Zero, MapOptions::new()).expect("map");
         fill(&r, 0x5a);
-        // SAFETY: madvise on this region's own range; it changes only
-        // what fork() copies.
-        let rc = unsafe { libc::madvise(r.as_mut_ptr().cast(), r.len(), libc::MADV_DOFORK) };
-        assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
-        let mut fds = [0; 2];
-        // SAFETY: a pipe for the child to wait on.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: the child only reads the pipe and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-        if pid == 0 {
-            let mut b = 0u8;
-            // SAFETY: blocks until the parent closes its end (or dies).
-            unsafe {
-                libc::close(fds[1]);
-                libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
-                libc::_exit(0);
-            }
-        }
-        // SAFETY: the parent's copy of the read end.
-        unsafe { libc::close(fds[0]) };
+        let child = common::SharingChild::fork(r.as_mut_ptr(), r.len());
         let t = Instant::now();
         let moved = r.migrate(0..r.len(), 1);
         let took = t.elapsed();
-        // SAFETY: lets the child go, then reaps it.
-        unsafe {
-            libc::close(fds[1]);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
+        drop(child);
         let report = moved.expect("migrate");
         assert!(
             took < Duration::from_secs(10),

@@ -11,7 +11,7 @@
 //! only once its data is whole in its slot. Locks: none; callers hold the
 //! page's fault lock.
 
-use super::{backoff, move_in, move_out, move_range, Holes, MoveError};
+use super::{backoff, move_in, move_out, move_out_briefly, move_range, Holes, MoveError};
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
@@ -156,13 +156,64 @@ pub(crate) fn recollect(
 pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
+    let len = r.page_size.bytes();
     // SAFETY: the page is resident under its lock and its frame's slot is
     // the hole it left; faultline holds no reference into either.
-    if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
-        recollect(core, r, page, slot)?;
+    match unsafe { move_out(core, slot, addr, len) } {
+        Ok(()) => {}
+        // Held elsewhere for the whole deadline: gathering would be
+        // refused the same way.
+        Err(e) if e.is_held() => {
+            return Err(FaultError::Move {
+                addr,
+                source: e.into_sys(addr, len),
+            })
+        }
+        Err(_) => {
+            recollect(core, r, page, slot)?;
+        }
     }
     r.set_state(page, PageState::Parked(f));
     Ok(())
+}
+
+/// [`park`] for reclaim, which may as well pass the page over: a page the
+/// kernel will not move out for a moment (`EAGAIN`, `EBUSY` for
+/// `move_out_briefly`'s patience) stays resident, and `Ok(false)` says so
+/// — `Held` when the kernel's word was `EBUSY` (the page is shared or
+/// pinned elsewhere: [`MoveError::is_busy`]). The caller holds the page's
+/// lock.
+pub(crate) fn try_park(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    f: u32,
+) -> Result<TryPark, FaultError> {
+    let slot = core.pool.slot_addr(f);
+    let addr = r.page_addr(page);
+    // SAFETY: as in `park`.
+    match unsafe { move_out_briefly(core, slot, addr, r.page_size.bytes()) } {
+        Ok(()) => {}
+        Err(e) if e.is_busy() => return Ok(TryPark::Held),
+        Err(e) if e.is_held() => return Ok(TryPark::Busy),
+        Err(_) => {
+            recollect(core, r, page, slot)?;
+        }
+    }
+    r.set_state(page, PageState::Parked(f));
+    Ok(TryPark::Parked)
+}
+
+/// How a [`try_park`] ended when nothing failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TryPark {
+    /// The page is parked.
+    Parked,
+    /// The kernel answered `EBUSY` throughout: the page is held elsewhere
+    /// (shared with a child, pinned) and may stay so; it is resident.
+    Held,
+    /// The kernel refused for the moment; the page is resident.
+    Busy,
 }
 
 /// Moves parked `page` of `r` (frame `f`) back into the region: the

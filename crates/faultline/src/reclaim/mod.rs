@@ -26,6 +26,13 @@
 //! settles the frames withheld to pay for faultline's own memory
 //! (`overhead::settle`) after its checks' passes, every 20 ms at most.
 //!
+//! A resident page the kernel will not move out (`EBUSY`: shared
+//! copy-on-write with a child of `fork()` that inherited the region, or
+//! pinned for I/O) is passed over after one brief try, and for a second
+//! after that (`RegionInner::held`): never retried for a move deadline
+//! under its lock on every pass (a found stall: a quarter of the budget
+//! shared with a child stopped a sequential reader for minutes).
+//!
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
 //! (a held lock is skipped: its page is busy, and a worker that reclaims while
 //! holding its own page's lock must not wait on another) — except pages under
@@ -37,7 +44,7 @@ use crate::budget;
 use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
-use crate::pagemove;
+use crate::pagemove::{self, TryPark};
 use crate::publish::{self, Publisher};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
@@ -302,7 +309,7 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
         };
         page = next;
         steps += 1;
-        if r.pins.contains(page) {
+        if r.pins.contains(page) || r.held.contains(page) {
             page += 1;
             continue;
         }
@@ -357,8 +364,13 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
     }
     match r.state(page) {
         PageState::Resident(f) => {
-            match pagemove::park(core, r, page, f) {
-                Ok(()) => Stats::bump(&core.stats.parked),
+            match pagemove::try_park(core, r, page, f) {
+                Ok(TryPark::Parked) => Stats::bump(&core.stats.parked),
+                Ok(TryPark::Held) => {
+                    r.held.note(page);
+                    Stats::bump(&core.stats.reclaim_held);
+                }
+                Ok(TryPark::Busy) => {}
                 Err(e) => core.record(e),
             }
             0

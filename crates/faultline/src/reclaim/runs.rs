@@ -77,7 +77,10 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     }
     let (n, _guards) = lock_from(core, r, page, idx, held, |p| {
         let fp = f + (p - page) as u32;
-        r.state(p) == PageState::Resident(fp) && core.alloc.pool_of(fp) == 0 && !r.pins.contains(p)
+        r.state(p) == PageState::Resident(fp)
+            && core.alloc.pool_of(fp) == 0
+            && !r.pins.contains(p)
+            && !r.held.contains(p)
     });
     if n < 2 {
         return 0;
@@ -87,10 +90,11 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     // SAFETY: the pages are resident under their locks (held), their frames'
     // slots are the holes they left, and faultline holds no reference into
     // either range.
-    let moved = unsafe { pagemove::move_out(core, slot, addr, n * PAGE_SIZE) };
+    let moved = unsafe { pagemove::move_out_briefly(core, slot, addr, n * PAGE_SIZE) };
     if moved.is_err() {
         // Nothing moved (or the run is left split): step the pages one by
-        // one, which gathers whatever is where.
+        // one, which gathers whatever is where and notes any the kernel
+        // holds.
         return 0;
     }
     for i in 0..n {

@@ -24,6 +24,7 @@
 //! and only wakes.
 
 mod cost;
+mod held;
 mod leaf;
 mod pins;
 mod states;
@@ -106,6 +107,8 @@ pub struct RegionInner {
     pub(crate) pinned: bool,
     /// Page ranges never reclaimed (`Region::pin`).
     pub(crate) pins: pins::Pins,
+    /// Pages the kernel recently would not let reclaim move out.
+    pub(crate) held: held::Held,
     /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
     /// a few threads each reading sequentially are each recognized. A leaf
     /// mutex, taken only on faults of store-backed regions.
@@ -135,6 +138,7 @@ impl RegionInner {
             holding: AtomicUsize::new(0),
             pinned,
             pins: pins::Pins::default(),
+            held: held::Held::default(),
             streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
         }
     }

@@ -363,3 +363,54 @@ pub fn cpu_time() -> std::time::Duration {
     let t = |v: libc::timeval| std::time::Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
     t(u.ru_utime) + t(u.ru_stime)
 }
+
+/// A child of `fork()` that inherited `[addr, addr + len)` (`MADV_DOFORK`)
+/// and sleeps until dropped: every page of the range that was resident at
+/// the fork is shared copy-on-write with it, and the kernel refuses to
+/// move such a page (`UFFDIO_MOVE`: `EBUSY`) while the child lives. Call
+/// only from a process of its own ([`run_in_child`]): the child is a fork
+/// of a multi-threaded process and only reads a pipe and `_exit`s.
+pub struct SharingChild {
+    pid: libc::pid_t,
+    release: libc::c_int,
+}
+
+impl SharingChild {
+    pub fn fork(addr: *mut u8, len: usize) -> SharingChild {
+        // SAFETY: madvise on the caller's region; it changes only what
+        // fork() copies.
+        let rc = unsafe { libc::madvise(addr.cast(), len, libc::MADV_DOFORK) };
+        assert_eq!(rc, 0, "madvise: {}", std::io::Error::last_os_error());
+        let mut fds = [0; 2];
+        // SAFETY: a pipe for the child to wait on.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only reads the pipe and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let mut b = 0u8;
+            // SAFETY: blocks until the parent closes its end (or dies).
+            unsafe {
+                libc::close(fds[1]);
+                libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the parent's copy of the read end.
+        unsafe { libc::close(fds[0]) };
+        SharingChild {
+            pid,
+            release: fds[1],
+        }
+    }
+}
+
+impl Drop for SharingChild {
+    fn drop(&mut self) {
+        // SAFETY: lets the child go, then reaps it.
+        unsafe {
+            libc::close(self.release);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
