@@ -29,11 +29,13 @@ use std::sync::atomic::Ordering;
 /// reported, not faulted on. A page that fails stays dirty; the others are
 /// still written, and the first error is returned. With `limit`, a page
 /// whose lock stays held longer (a worker stuck in the store) is skipped
-/// and reported.
+/// and reported. `on_held` says what becomes of a page the kernel will not
+/// move out (shared copy-on-write with a child of `fork()`, pinned).
 pub(crate) fn write_back(
     core: &Core,
     r: &RegionInner,
     limit: Option<std::time::Duration>,
+    on_held: OnHeld<'_>,
 ) -> Result<(), StoreError> {
     let mut first_err = None;
     for page in r.used_pages(0..r.pages()) {
@@ -66,11 +68,21 @@ pub(crate) fn write_back(
             PageState::Parked(f) => (f, false),
         };
         if resident {
-            if let Err(e) = pagemove::park(core, r, page, f) {
-                // Not moved out (e.g. mprotect'ed): the page stays
-                // resident and dirty.
-                first_err.get_or_insert(unparkable(r, page, e));
-                continue;
+            match take_out(core, r, page, f, on_held) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Held, and written from the region (`OnHeld::Copy`).
+                    if let Err(e) = put_held(core, r, page, on_held) {
+                        first_err.get_or_insert(e);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    // Not moved out (e.g. mprotect'ed): the page stays
+                    // resident and dirty.
+                    first_err.get_or_insert(unparkable(r, page, e));
+                    continue;
+                }
             }
         }
         let mut frame = Frame::from_parts(f, r.page_size.order());
@@ -89,6 +101,80 @@ pub(crate) fn write_back(
         }
     }
     first_err.map_or(Ok(()), Err)
+}
+
+/// What [`write_back`] does with a resident page the kernel will not move
+/// out of the region (`EBUSY`: shared copy-on-write with a child of
+/// `fork()` that inherited the region, or pinned for I/O).
+#[derive(Clone, Copy)]
+pub(crate) enum OnHeld<'a> {
+    /// Waits a move deadline for it, then reports it (a flush: the program
+    /// may be writing the page, so only a page out of the region is a
+    /// snapshot).
+    Report,
+    /// Writes it from the region itself, read by `copy(addr, buf)` (a
+    /// teardown: the region's handle is gone, nobody writes it any more,
+    /// and a shared page only changes by leaving for a private copy).
+    Copy(&'a dyn Fn(usize, &mut [u8])),
+}
+
+/// Takes resident `page` (frame `f`) out of the region for its write:
+/// `Ok(true)` parked; `Ok(false)` the kernel holds it and `on_held` copies
+/// it instead. Caller holds the page's lock.
+fn take_out(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    f: u32,
+    on_held: OnHeld<'_>,
+) -> Result<bool, FaultError> {
+    if let OnHeld::Copy(_) = on_held {
+        match pagemove::try_park(core, r, page, f)? {
+            pagemove::TryPark::Parked => return Ok(true),
+            pagemove::TryPark::Held => return Ok(false),
+            // Refused for the moment: wait for it as a flush would.
+            pagemove::TryPark::Busy => {}
+        }
+    }
+    pagemove::park(core, r, page, f).map(|()| true)
+}
+
+/// Writes resident `page`, which the kernel holds, from the region
+/// ([`OnHeld::Copy`]) if every 4 KiB part of it is there (a part on
+/// neither side would fault, under the lock this thread holds). Caller
+/// holds the page's lock.
+fn put_held(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    on_held: OnHeld<'_>,
+) -> Result<(), StoreError> {
+    let (addr, len) = (r.page_addr(page), r.page_size.bytes());
+    let refused = |errno| StoreError::Unreadable {
+        page: page as u64,
+        source: SysError {
+            op: "UFFDIO_MOVE",
+            addr,
+            len,
+            errno,
+        },
+    };
+    let OnHeld::Copy(copy) = on_held else {
+        return Err(refused(libc::EBUSY));
+    };
+    let mut has = Vec::new();
+    core.pagemap
+        .has_data(addr, len / faultline_sys::PAGE_SIZE, &mut has)
+        .map_err(|source| StoreError::Unreadable {
+            page: page as u64,
+            source,
+        })?;
+    if has.contains(&false) {
+        return Err(refused(libc::EBUSY));
+    }
+    let mut buf = vec![0u8; len];
+    copy(addr, &mut buf);
+    put(core, r, page, &buf)
 }
 
 /// Writes `bytes`, the content of `page`, to the store unless they are

@@ -87,3 +87,51 @@ fn a_child_dropping_its_copies_leaves_the_parent_alone() {
     let st = common::all_free(&mm);
     assert_eq!(st.frames_free, st.frames_total, "frames leaked: {st}");
 }
+
+/// A region dropped while a child that inherited it (`MADV_DOFORK`) still
+/// lives: its resident pages are shared copy-on-write with the child and the
+/// kernel will not move them (`EBUSY`). The drop must neither hang on them
+/// (a move deadline per page) nor lose what the program wrote: the file
+/// gets every page.
+#[test]
+fn a_region_dropped_while_a_child_shares_its_pages_is_written_and_let_go() {
+    if common::in_child() {
+        let dir = ScratchDir::new("fork-held");
+        let len = 4 * MIB;
+        let path = dir.file("held", &vec![0u8; len]);
+        let mm = manager(16 * MIB);
+        let r = mm
+            .map(
+                len,
+                faultline::store::File::open(
+                    &path,
+                    faultline::store::FileOptions::new().writable(true),
+                )
+                .expect("open"),
+                faultline::MapOptions::new(),
+            )
+            .expect("map");
+        for p in 0..len / PAGE {
+            set_byte(&r, p * PAGE + p % PAGE, (p % 251) as u8 + 1);
+        }
+        let child = common::SharingChild::fork(r.as_mut_ptr(), len);
+        let t = Instant::now();
+        drop(r);
+        let took = t.elapsed();
+        drop(child);
+        let file = std::fs::read(&path).expect("read");
+        for p in 0..len / PAGE {
+            assert_eq!(file[p * PAGE + p % PAGE], (p % 251) as u8 + 1, "page {p}");
+        }
+        assert!(took < Duration::from_secs(10), "the drop took {took:?}");
+        println!(
+            "dropped with a sharing child in {took:?}; errors: {:?}",
+            mm.take_error()
+        );
+        std::process::exit(0);
+    }
+    common::run_in_child(
+        "a_region_dropped_while_a_child_shares_its_pages_is_written_and_let_go",
+        "dropped with a sharing child in",
+    );
+}

@@ -23,6 +23,7 @@ use crate::frame::PoolId;
 use crate::migrate::{CopyPlan, MigrateError, MigrateReport};
 use crate::region::{PageState, RegionInner};
 use crate::store::StoreError;
+use crate::writeback;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
@@ -355,7 +356,8 @@ impl<A: Access> Region<A> {
         if !r.store.writable() {
             return Ok(());
         }
-        crate::writeback::write_back(&self.service.core, r, None)?;
+        let core = &self.service.core;
+        writeback::write_back(core, r, None, writeback::OnHeld::Report)?;
         r.store.flush()
     }
 

@@ -9,7 +9,9 @@
 //!
 //! Bounded: a page lock held past [`SHUTDOWN_WAIT`] (a worker stuck in a
 //! store call) is reported and its window's frames leaked rather than the
-//! drop hung. In a child of `fork()` nothing is done (see `Core::in_owner`).
+//! drop hung; a page the kernel will not move (shared copy-on-write with a
+//! child that inherited the region, pinned) is written back from the
+//! region and left to go with the mapping, not waited for. In a child of `fork()` nothing is done (see `Core::in_owner`).
 //! Locks: each window's fault locks, one window at a time.
 
 use super::region::{Access, Region};
@@ -40,7 +42,15 @@ fn teardown(core: &Core, r: &RegionInner) {
     // Write back before the frames go: a region's data outlives it in its
     // store. An error cannot be returned from drop; it is queued.
     if r.store.writable() {
-        if let Err(e) = crate::writeback::write_back(core, r, Some(SHUTDOWN_WAIT))
+        // A page the kernel holds (shared with a child that inherited the
+        // region) is written from the region: its handle is gone, so
+        // nobody writes it any more.
+        // SAFETY: `addr..addr + buf.len()` is a page of this live region
+        // (the mapping outlives the teardown), every part of it present
+        // (checked by `write_back` under the page's lock).
+        let copy = |addr: usize, buf: &mut [u8]| unsafe { super::access::copy_out(addr, buf) };
+        let on_held = crate::writeback::OnHeld::Copy(&copy);
+        if let Err(e) = crate::writeback::write_back(core, r, Some(SHUTDOWN_WAIT), on_held)
             .and_then(|()| r.store.flush())
         {
             core.record(FaultError::Store {
@@ -181,7 +191,9 @@ fn take_run(
     // SAFETY: `slot..+n*unit` are the holes these frames left in the pool
     // and the region pages are resident; after unregistering, nothing but
     // this teardown (holding the window lock) changes either.
-    let whole = unsafe { pagemove::move_out(core, slot, r.page_addr(p), n * unit) };
+    let whole = unsafe {
+        pagemove::move_back_until_busy(core, slot, r.page_addr(p), n * unit, Holes::Forbid)
+    };
     for i in 0..n {
         let frame = Frame::from_parts(f + i as u32 * per_unit, order);
         if whole.is_err() {
@@ -200,17 +212,26 @@ fn take_run(
 /// Moves one resident page back to its frame's slot after a run move did
 /// not complete, skipping 4 KiB pages the program dropped; whatever
 /// happens, the slot ends up populated (the frame is about to be freed).
+/// The moves give up at the kernel's first `EBUSY`
+/// (`pagemove::move_back_until_busy`): the page's data is in its store
+/// already (written back first), so a page the kernel will not move —
+/// shared copy-on-write with a child that inherited the region, pinned —
+/// is left to go with the mapping rather than waited for, a move deadline
+/// a page.
 fn move_back_one(core: &Core, frame: &Frame, page_addr: usize) {
     let slot = core.pool.addr_of(frame);
     // SAFETY: as in `take_run`: the slot holds whatever of the frame is not
     // in the region, and the region page is ours, under its lock.
-    let moved =
-        unsafe { pagemove::move_range(core, slot, page_addr, frame.bytes(), Holes::Allow, false) };
-    if let Err(e) = moved {
-        core.record(FaultError::Move {
+    let moved = unsafe {
+        pagemove::move_back_until_busy(core, slot, page_addr, frame.bytes(), Holes::Allow)
+    };
+    match moved {
+        Ok(()) => {}
+        Err(e) if e.is_busy() => {}
+        Err(e) => core.record(FaultError::Move {
             addr: page_addr,
             source: e.into_sys(page_addr, frame.bytes()),
-        });
+        }),
     }
     if let Err(e) = pagemove::fill_holes(core, slot, frame.bytes()) {
         core.record(FaultError::Move {

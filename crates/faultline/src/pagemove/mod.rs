@@ -73,6 +73,10 @@ enum Patience {
     /// [`DEADLINE`]: the move is needed (a fault waits for it, a flush
     /// must write the page).
     Deadline,
+    /// A move whose pages may stay where they are if another holder has
+    /// them ([`move_back_until_busy`]: teardown, after write-back): gives
+    /// up at the first `EBUSY`, else as [`Patience::Deadline`].
+    UntilBusy,
     /// A move nobody needs to complete ([`move_out_briefly`]: reclaim
     /// parking a page it may as well pass over): gives up at the first
     /// `EBUSY` (a page held elsewhere), else after [`BRIEFLY`] and at least
@@ -91,11 +95,11 @@ impl Patience {
     /// Whether a move that started at `started` and has made `round`
     /// rounds, refused last with `last`, gives up now.
     fn gives_up(self, started: Instant, round: u32, last: &SysError) -> bool {
+        let busy = last.errno == libc::EBUSY;
         match self {
             Patience::Deadline => started.elapsed() > DEADLINE,
-            Patience::Brief => {
-                last.errno == libc::EBUSY || (started.elapsed() > BRIEFLY && round >= MIN_ROUNDS)
-            }
+            Patience::UntilBusy => busy || started.elapsed() > DEADLINE,
+            Patience::Brief => busy || (started.elapsed() > BRIEFLY && round >= MIN_ROUNDS),
         }
     }
 }
@@ -297,6 +301,23 @@ pub(crate) unsafe fn move_out_briefly(
 ) -> Result<(), MoveError> {
     // SAFETY: the caller's contract.
     unsafe { move_within(core, dst, src, len, Holes::Forbid, false, Patience::Brief) }
+}
+
+/// [`move_range`] out of a region (no wake) with [`Patience::UntilBusy`]:
+/// for a teardown, whose pages' data is in their store already (a page
+/// the kernel holds leaves with the mapping instead).
+///
+/// # Safety
+/// As [`move_range`].
+pub(crate) unsafe fn move_back_until_busy(
+    core: &Core,
+    dst: usize,
+    src: usize,
+    len: usize,
+    holes: Holes,
+) -> Result<(), MoveError> {
+    // SAFETY: the caller's contract.
+    unsafe { move_within(core, dst, src, len, holes, false, Patience::UntilBusy) }
 }
 
 /// A few quick retries, then back off: a source the kernel holds for a

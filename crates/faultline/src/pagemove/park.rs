@@ -178,11 +178,10 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<
 }
 
 /// [`park`] for reclaim, which may as well pass the page over: a page the
-/// kernel will not move out for a moment (`EAGAIN`, `EBUSY` for
-/// `move_out_briefly`'s patience) stays resident, and `Ok(false)` says so
-/// — `Held` when the kernel's word was `EBUSY` (the page is shared or
-/// pinned elsewhere: [`MoveError::is_busy`]). The caller holds the page's
-/// lock.
+/// kernel will not move out for `move_out_briefly`'s patience stays
+/// resident — [`TryPark::Held`] when the kernel's word was `EBUSY` (the
+/// page is shared or pinned elsewhere: [`MoveError::is_busy`]),
+/// [`TryPark::Busy`] for `EAGAIN`. The caller holds the page's lock.
 pub(crate) fn try_park(
     core: &Core,
     r: &RegionInner,
