@@ -26,7 +26,8 @@ use std::sync::atomic::Ordering;
 /// never a torn mix), written, and moved back in. This also reaches pages
 /// the kernel swapped out (the move takes the swap entry) and pages the
 /// program made unreadable (`mprotect`): those cannot be moved and are
-/// reported, not faulted on. A page that fails stays dirty; the others are
+/// reported, not faulted on. A page shared with another process is not
+/// waited for: `on_held` reports it or writes it from the region. A page that fails stays dirty; the others are
 /// still written, and the first error is returned. With `limit`, a page
 /// whose lock stays held longer (a worker stuck in the store) is skipped
 /// and reported. `on_held` says what becomes of a page the kernel will not
@@ -68,10 +69,10 @@ pub(crate) fn write_back(
             PageState::Parked(f) => (f, false),
         };
         if resident {
-            match take_out(core, r, page, f, on_held) {
+            match take_out(core, r, page, f) {
                 Ok(true) => {}
                 Ok(false) => {
-                    // Held, and written from the region (`OnHeld::Copy`).
+                    // Shared: written from the region, or reported.
                     if let Err(e) = put_held(core, r, page, on_held) {
                         first_err.get_or_insert(e);
                     }
@@ -104,13 +105,13 @@ pub(crate) fn write_back(
 }
 
 /// What [`write_back`] does with a resident page the kernel will not move
-/// out of the region (`EBUSY`: shared copy-on-write with a child of
-/// `fork()` that inherited the region, or pinned for I/O).
+/// out of the region because another process shares it (copy-on-write
+/// with a child of `fork()` that inherited the region: `EBUSY` for as long
+/// as the child lives).
 #[derive(Clone, Copy)]
 pub(crate) enum OnHeld<'a> {
-    /// Waits a move deadline for it, then reports it (a flush: the program
-    /// may be writing the page, so only a page out of the region is a
-    /// snapshot).
+    /// Reports it (`EBUSY`; it stays dirty): a flush, whose program may be
+    /// writing the page, so only a page out of the region is a snapshot.
     Report,
     /// Writes it from the region itself, read by `copy(addr, buf)` (a
     /// teardown: the region's handle is gone, nobody writes it any more,
@@ -119,22 +120,24 @@ pub(crate) enum OnHeld<'a> {
 }
 
 /// Takes resident `page` (frame `f`) out of the region for its write:
-/// `Ok(true)` parked; `Ok(false)` the kernel holds it and `on_held` copies
-/// it instead. Caller holds the page's lock.
-fn take_out(
-    core: &Core,
-    r: &RegionInner,
-    page: usize,
-    f: u32,
-    on_held: OnHeld<'_>,
-) -> Result<bool, FaultError> {
-    if let OnHeld::Copy(_) = on_held {
-        match pagemove::try_park(core, r, page, f)? {
-            pagemove::TryPark::Parked => return Ok(true),
-            pagemove::TryPark::Held => return Ok(false),
-            // Refused for the moment: wait for it as a flush would.
-            pagemove::TryPark::Busy => {}
-        }
+/// `Ok(true)` parked; `Ok(false)` it is shared with another process (a
+/// child of `fork()` that inherited it: the kernel answers `EBUSY` for as
+/// long as the child lives), for [`put_held`]. A page refused otherwise —
+/// `EBUSY` for a large folio the kernel could not split just then, or a
+/// pin — is waited for as long as any move ([`pagemove::park`]). Caller
+/// holds the page's lock.
+fn take_out(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<bool, FaultError> {
+    let until_busy = pagemove::Patience::UntilBusy;
+    if pagemove::try_park(core, r, page, f, until_busy)? == pagemove::TryPark::Parked {
+        return Ok(true);
+    }
+    let (addr, len) = (r.page_addr(page), r.page_size.bytes());
+    let mut shared = Vec::new();
+    core.pagemap
+        .shared(addr, len / faultline_sys::PAGE_SIZE, &mut shared)
+        .map_err(|source| FaultError::Move { addr, source })?;
+    if shared.contains(&true) {
+        return Ok(false);
     }
     pagemove::park(core, r, page, f).map(|()| true)
 }

@@ -92,7 +92,7 @@ fn a_child_dropping_its_copies_leaves_the_parent_alone() {
 /// lives: its resident pages are shared copy-on-write with the child and the
 /// kernel will not move them (`EBUSY`). The drop must neither hang on them
 /// (a move deadline per page) nor lose what the program wrote: the file
-/// gets every page.
+/// gets every page. A flush before it reports the shared pages at once.
 #[test]
 fn a_region_dropped_while_a_child_shares_its_pages_is_written_and_let_go() {
     if common::in_child() {
@@ -115,6 +115,21 @@ fn a_region_dropped_while_a_child_shares_its_pages_is_written_and_let_go() {
             set_byte(&r, p * PAGE + p % PAGE, (p % 251) as u8 + 1);
         }
         let child = common::SharingChild::fork(r.as_mut_ptr(), len);
+        // A flush cannot take a shared page out for a snapshot: it says so
+        // at once (EBUSY) rather than wait for each.
+        let t = Instant::now();
+        let flushed = r.flush();
+        let flush_took = t.elapsed();
+        match &flushed {
+            Err(faultline::store::StoreError::Unreadable { source, .. }) => {
+                assert_eq!(source.errno, libc::EBUSY, "{flushed:?}")
+            }
+            other => panic!("a flush of pages shared with a child: {other:?}"),
+        }
+        assert!(
+            flush_took < Duration::from_secs(10),
+            "the flush took {flush_took:?}"
+        );
         let t = Instant::now();
         drop(r);
         let took = t.elapsed();
@@ -125,7 +140,7 @@ fn a_region_dropped_while_a_child_shares_its_pages_is_written_and_let_go() {
         }
         assert!(took < Duration::from_secs(10), "the drop took {took:?}");
         println!(
-            "dropped with a sharing child in {took:?}; errors: {:?}",
+            "dropped with a sharing child in {took:?} (flush refused in {flush_took:?}); errors: {:?}",
             mm.take_error()
         );
         std::process::exit(0);

@@ -45,6 +45,11 @@ struct PmScanArg {
     return_mask: u64,
 }
 
+/// A pagemap entry's bits (`Documentation/admin-guide/mm/pagemap.rst`).
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAP: u64 = 1 << 62;
+const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
+
 const PAGEMAP_SCAN: u64 =
     (3 << 30) | ((std::mem::size_of::<PmScanArg>() as u64) << 16) | ((b'f' as u64) << 8) | 16;
 const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
@@ -90,9 +95,30 @@ impl PageMap {
     /// per page. The kernel takes each page table's lock to read it, so an
     /// entry is never seen half-changed by a concurrent `UFFDIO_MOVE`.
     pub fn has_data(&self, addr: usize, pages: usize, out: &mut Vec<bool>) -> Result<(), SysError> {
+        self.entries(addr, pages, out, |e| e & (PM_PRESENT | PM_SWAP) != 0)
+    }
+
+    /// Whether each 4 KiB page of `[addr, addr + pages * 4096)` is mapped
+    /// and shared with another mapping (present without
+    /// `PM_MMAP_EXCLUSIVE`): copy-on-write with a child of `fork()` that
+    /// inherited it, which `UFFDIO_MOVE` refuses (`EBUSY`) for as long as
+    /// the other holder lives. Results go to `out` (cleared first).
+    pub fn shared(&self, addr: usize, pages: usize, out: &mut Vec<bool>) -> Result<(), SysError> {
+        self.entries(addr, pages, out, |e| {
+            e & PM_PRESENT != 0 && e & PM_MMAP_EXCLUSIVE == 0
+        })
+    }
+
+    /// `test` of each page's pagemap entry, for the pages of `[addr, addr +
+    /// pages * 4096)`, into `out` (cleared first).
+    fn entries(
+        &self,
+        addr: usize,
+        pages: usize,
+        out: &mut Vec<bool>,
+        test: impl Fn(u64) -> bool,
+    ) -> Result<(), SysError> {
         use std::os::unix::fs::FileExt;
-        const PM_PRESENT: u64 = 1 << 63;
-        const PM_SWAP: u64 = 1 << 62;
         out.clear();
         let mut buf = [0u8; 8 * 512];
         let mut done = 0;
@@ -110,7 +136,7 @@ impl PageMap {
             out.extend(bytes.chunks_exact(8).map(|c| {
                 let mut e = [0u8; 8];
                 e.copy_from_slice(c);
-                u64::from_ne_bytes(e) & (PM_PRESENT | PM_SWAP) != 0
+                test(u64::from_ne_bytes(e))
             }));
             done += n;
         }
@@ -214,5 +240,43 @@ mod tests {
         let mut v = Vec::new();
         pm.has_data(a, 8, &mut v).expect("read");
         assert_eq!(v, [false, false, false, false, false, true, false, false]);
+    }
+
+    /// A page a child of fork() inherited is shared until one side writes
+    /// it; before the fork it is this process's alone.
+    #[test]
+    fn pagemap_sees_a_page_shared_with_a_child() {
+        let m = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
+        let pm = PageMap::open().expect("pagemap");
+        let a = m.addr();
+        // SAFETY: a page of our own fresh mapping, no references into it.
+        unsafe { ((a + PAGE_SIZE) as *mut u8).write_volatile(1) };
+        let mut v = Vec::new();
+        pm.shared(a, 2, &mut v).expect("read");
+        assert_eq!(v, [false, false]);
+        let mut fds = [0; 2];
+        // SAFETY: a pipe for the child to wait on.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only reads the pipe and leaves with _exit
+        // (async-signal-safe calls only, after fork of a threaded process).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let mut b = 0u8;
+            // SAFETY: blocks until the parent closes its end.
+            unsafe {
+                libc::close(fds[1]);
+                libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        pm.shared(a, 2, &mut v).expect("read");
+        // SAFETY: lets the child go and reaps it.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(v, [false, true]);
     }
 }

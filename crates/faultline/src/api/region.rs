@@ -22,8 +22,6 @@ use crate::fault::{prefetch_page, Resolution};
 use crate::frame::PoolId;
 use crate::migrate::{CopyPlan, MigrateError, MigrateReport};
 use crate::region::{PageState, RegionInner};
-use crate::store::StoreError;
-use crate::writeback;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
@@ -328,53 +326,6 @@ impl<A: Access> Region<A> {
         self.service
             .core
             .wait_error(|e| e.addr().is_some_and(|a| r.contains(a)), timeout)
-    }
-
-    /// Writes every dirty page back to the region's store, then makes the
-    /// store durable (`fsync` for a file). A page is dirty when its bytes
-    /// differ from the store's copy (by a 128-bit fingerprint taken when the
-    /// page was last read from or written to the store); clean pages are not
-    /// written. Regions whose store is not writable have nothing to write.
-    ///
-    /// Each page is written from its frame, taken out of the region for the
-    /// copy: the store gets the page as it was at one instant, never a torn
-    /// mix; a write racing with the flush waits for it, and lands either in
-    /// what is written or in the page that stays dirty.
-    ///
-    /// # Errors
-    /// The first [`StoreError`]: a page that cannot be written stays dirty
-    /// (and in memory); the others are still written. A later flush tries
-    /// the failed pages again.
-    pub fn flush(&self) -> Result<(), StoreError> {
-        let r = &self.inner;
-        if !self.service.core.in_owner() {
-            return Err(StoreError::Unsupported {
-                store: "a faultline region in a child of fork() (the parent flushes it)",
-                op: "flush",
-            });
-        }
-        if !r.store.writable() {
-            return Ok(());
-        }
-        let core = &self.service.core;
-        writeback::write_back(core, r, None, writeback::OnHeld::Report)?;
-        r.store.flush()
-    }
-
-    /// Flushes the region and unmaps it, returning the flush's result.
-    /// Dropping a region also writes back, but can only queue its error
-    /// ([`crate::Manager::take_error`]) and then lets the pages go.
-    ///
-    /// # Errors
-    /// On failure the region is handed back, unchanged and still mapped,
-    /// with the error: its dirty pages are still in memory, so the caller
-    /// can free space (or let the store recover) and close again.
-    #[allow(clippy::result_large_err)] // the region itself comes back
-    pub fn close(self) -> Result<(), (Region<A>, StoreError)> {
-        match self.flush() {
-            Ok(()) => Ok(()),
-            Err(e) => Err((self, e)),
-        }
     }
 
     /// The atomic word at `offset` (8-byte aligned, inside the region).

@@ -1,5 +1,6 @@
-//! Region teardown (`Drop for Region`): write dirty pages back (the error
-//! is queued: drop cannot return it; [`super::Region::close`] can) → wait
+//! Region write-back and teardown: `Region::flush` and `Region::close`
+//! (write-back whose error is returned), and `Drop for Region`: write dirty
+//! pages back (the error is queued: drop cannot return it; `close` can) → wait
 //! until every unmap event read so far is handled → remove the region from
 //! the table (no new lookup finds it) → `dying = true` → unregister the
 //! parts still ours (blocked threads wake) → for each lock window holding
@@ -19,10 +20,65 @@ use super::service::SHUTDOWN_WAIT;
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
-use crate::pagemove::{self, Holes};
+use crate::pagemove::{self, Holes, Patience};
 use crate::region::{PageState, RegionInner};
+use crate::store::StoreError;
+use crate::writeback;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+
+impl<A: Access> Region<A> {
+    /// Writes every dirty page back to the region's store, then makes the
+    /// store durable (`fsync` for a file). A page is dirty when its bytes
+    /// differ from the store's copy (by a 128-bit fingerprint taken when the
+    /// page was last read from or written to the store); clean pages are not
+    /// written. Regions whose store is not writable have nothing to write.
+    ///
+    /// Each page is written from its frame, taken out of the region for the
+    /// copy: the store gets the page as it was at one instant, never a torn
+    /// mix; a write racing with the flush waits for it, and lands either in
+    /// what is written or in the page that stays dirty.
+    ///
+    /// # Errors
+    /// The first [`StoreError`]: a page that cannot be written stays dirty
+    /// (and in memory); the others are still written. A later flush tries
+    /// the failed pages again. A page the kernel will not let faultline
+    /// take out of the region because another process shares it
+    /// (copy-on-write with a child of `fork()` that inherited the region
+    /// through `MADV_DOFORK`) is [`StoreError::Unreadable`] with `EBUSY`, at
+    /// once; dropping the region writes such pages from the region itself.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let r = &self.inner;
+        if !self.service.core.in_owner() {
+            return Err(StoreError::Unsupported {
+                store: "a faultline region in a child of fork() (the parent flushes it)",
+                op: "flush",
+            });
+        }
+        if !r.store.writable() {
+            return Ok(());
+        }
+        let core = &self.service.core;
+        writeback::write_back(core, r, None, writeback::OnHeld::Report)?;
+        r.store.flush()
+    }
+
+    /// Flushes the region and unmaps it, returning the flush's result.
+    /// Dropping a region also writes back, but can only queue its error
+    /// ([`crate::Manager::take_error`]) and then lets the pages go.
+    ///
+    /// # Errors
+    /// On failure the region is handed back, unchanged and still mapped,
+    /// with the error: its dirty pages are still in memory, so the caller
+    /// can free space (or let the store recover) and close again.
+    #[allow(clippy::result_large_err)] // the region itself comes back
+    pub fn close(self) -> Result<(), (Region<A>, StoreError)> {
+        match self.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+}
 
 impl<A: Access> Drop for Region<A> {
     fn drop(&mut self) {
@@ -187,13 +243,12 @@ fn take_run(
     while p + n < end && r.state(p + n) == PageState::Resident(f + n as u32 * per_unit) {
         n += 1;
     }
-    let slot = core.pool.slot_addr(f);
+    let (slot, addr) = (core.pool.slot_addr(f), r.page_addr(p));
+    let (len, until_busy) = (n * unit, Patience::UntilBusy);
     // SAFETY: `slot..+n*unit` are the holes these frames left in the pool
     // and the region pages are resident; after unregistering, nothing but
     // this teardown (holding the window lock) changes either.
-    let whole = unsafe {
-        pagemove::move_back_until_busy(core, slot, r.page_addr(p), n * unit, Holes::Forbid)
-    };
+    let whole = unsafe { pagemove::move_back(core, slot, addr, len, Holes::Forbid, until_busy) };
     for i in 0..n {
         let frame = Frame::from_parts(f + i as u32 * per_unit, order);
         if whole.is_err() {
@@ -213,7 +268,7 @@ fn take_run(
 /// not complete, skipping 4 KiB pages the program dropped; whatever
 /// happens, the slot ends up populated (the frame is about to be freed).
 /// The moves give up at the kernel's first `EBUSY`
-/// (`pagemove::move_back_until_busy`): the page's data is in its store
+/// (`pagemove::Patience::UntilBusy`): the page's data is in its store
 /// already (written back first), so a page the kernel will not move —
 /// shared copy-on-write with a child that inherited the region, pinned —
 /// is left to go with the mapping rather than waited for, a move deadline
@@ -223,7 +278,14 @@ fn move_back_one(core: &Core, frame: &Frame, page_addr: usize) {
     // SAFETY: as in `take_run`: the slot holds whatever of the frame is not
     // in the region, and the region page is ours, under its lock.
     let moved = unsafe {
-        pagemove::move_back_until_busy(core, slot, page_addr, frame.bytes(), Holes::Allow)
+        pagemove::move_back(
+            core,
+            slot,
+            page_addr,
+            frame.bytes(),
+            Holes::Allow,
+            Patience::UntilBusy,
+        )
     };
     match moved {
         Ok(()) => {}

@@ -27,7 +27,7 @@
 //! migrating pages count as data, which `mincore` missed) and finishes the
 //! move page run by page run, or undoes it, within a deadline. A move
 //! nobody needs (reclaim parking a page it may as well pass over) has a
-//! brief patience instead ([`move_out_briefly`]): it gives up at the
+//! brief patience instead ([`move_back`], [`Patience`]): it gives up at the
 //! kernel's first `EBUSY` — a page shared copy-on-write with a child of
 //! `fork()`, or pinned for I/O, which may stay so for as long as the
 //! holder likes — rather than hold the page's fault lock for the deadline.
@@ -69,15 +69,16 @@ pub(crate) const DEADLINE: Duration = Duration::from_secs(2);
 
 /// How long a move retries refusals before it undoes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Patience {
+pub(crate) enum Patience {
     /// [`DEADLINE`]: the move is needed (a fault waits for it, a flush
     /// must write the page).
     Deadline,
     /// A move whose pages may stay where they are if another holder has
-    /// them ([`move_back_until_busy`]: teardown, after write-back): gives
-    /// up at the first `EBUSY`, else as [`Patience::Deadline`].
+    /// them ([`move_back`]: a flush, which reports such a page; a teardown,
+    /// which writes it from the region): gives up at the first `EBUSY`,
+    /// else as [`Patience::Deadline`].
     UntilBusy,
-    /// A move nobody needs to complete ([`move_out_briefly`]: reclaim
+    /// A move nobody needs to complete ([`move_back`]: reclaim
     /// parking a page it may as well pass over): gives up at the first
     /// `EBUSY` (a page held elsewhere), else after [`BRIEFLY`] and at least
     /// [`MIN_ROUNDS`] rounds (enough to tell a hole from a transient state:
@@ -287,37 +288,24 @@ pub(crate) unsafe fn move_out(
     unsafe { move_range(core, dst, src, len, Holes::Forbid, false) }
 }
 
-/// [`move_out`] with [`Patience::Brief`]: for a move that may as well
-/// not happen (reclaim passes over a page the kernel holds, rather than
-/// hold its fault lock for seconds).
+/// Moves region pages at `src` back to their frames' slots at `dst` (no
+/// wake), retrying refusals with `patience`: [`Patience::Brief`] for
+/// reclaim, which may as well pass a page over; [`Patience::UntilBusy`]
+/// for a flush or teardown, which must not wait on a page another holder
+/// has. `holes` as for [`move_range`].
 ///
 /// # Safety
 /// As [`move_range`].
-pub(crate) unsafe fn move_out_briefly(
-    core: &Core,
-    dst: usize,
-    src: usize,
-    len: usize,
-) -> Result<(), MoveError> {
-    // SAFETY: the caller's contract.
-    unsafe { move_within(core, dst, src, len, Holes::Forbid, false, Patience::Brief) }
-}
-
-/// [`move_range`] out of a region (no wake) with [`Patience::UntilBusy`]:
-/// for a teardown, whose pages' data is in their store already (a page
-/// the kernel holds leaves with the mapping instead).
-///
-/// # Safety
-/// As [`move_range`].
-pub(crate) unsafe fn move_back_until_busy(
+pub(crate) unsafe fn move_back(
     core: &Core,
     dst: usize,
     src: usize,
     len: usize,
     holes: Holes,
+    patience: Patience,
 ) -> Result<(), MoveError> {
     // SAFETY: the caller's contract.
-    unsafe { move_within(core, dst, src, len, holes, false, Patience::UntilBusy) }
+    unsafe { move_within(core, dst, src, len, holes, false, patience) }
 }
 
 /// A few quick retries, then back off: a source the kernel holds for a

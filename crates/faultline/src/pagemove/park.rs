@@ -11,7 +11,7 @@
 //! only once its data is whole in its slot. Locks: none; callers hold the
 //! page's fault lock.
 
-use super::{backoff, move_in, move_out, move_out_briefly, move_range, Holes, MoveError};
+use super::{backoff, move_back, move_in, move_out, move_range, Holes, MoveError, Patience};
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
@@ -156,45 +156,42 @@ pub(crate) fn recollect(
 pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
-    let len = r.page_size.bytes();
     // SAFETY: the page is resident under its lock and its frame's slot is
     // the hole it left; faultline holds no reference into either.
-    match unsafe { move_out(core, slot, addr, len) } {
-        Ok(()) => {}
-        // Held elsewhere for the whole deadline: gathering would be
-        // refused the same way.
-        Err(e) if e.is_held() => {
-            return Err(FaultError::Move {
-                addr,
-                source: e.into_sys(addr, len),
-            })
-        }
-        Err(_) => {
-            recollect(core, r, page, slot)?;
-        }
+    if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
+        // Whatever the refusal, gather: reporting a move refused with
+        // `EAGAIN` for the whole deadline without trying this made the
+        // in-thread store-backed oracle's flush fail (seed 5109 of a loaded
+        // loop, 2026-11-27); with it, 102 loaded runs passed before.
+        recollect(core, r, page, slot)?;
     }
     r.set_state(page, PageState::Parked(f));
     Ok(())
 }
 
-/// [`park`] for reclaim, which may as well pass the page over: a page the
-/// kernel will not move out for `move_out_briefly`'s patience stays
-/// resident — [`TryPark::Held`] when the kernel's word was `EBUSY` (the
-/// page is shared or pinned elsewhere: [`MoveError::is_busy`]),
-/// [`TryPark::Busy`] for `EAGAIN`. The caller holds the page's lock.
+/// [`park`] that leaves a page the kernel will not move out where it is,
+/// retrying with `patience` ([`Patience::Brief`] for reclaim, which may
+/// as well pass the page over; [`Patience::UntilBusy`] for write-back):
+/// [`TryPark::Held`] when the kernel's word was `EBUSY` (the page is
+/// shared or pinned elsewhere: [`MoveError::is_busy`]), [`TryPark::Busy`]
+/// when it kept answering `EAGAIN` for a brief patience (otherwise the page
+/// is gathered, as [`park`] does). The caller holds the page's lock.
 pub(crate) fn try_park(
     core: &Core,
     r: &RegionInner,
     page: usize,
     f: u32,
+    patience: Patience,
 ) -> Result<TryPark, FaultError> {
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
+    let len = r.page_size.bytes();
     // SAFETY: as in `park`.
-    match unsafe { move_out_briefly(core, slot, addr, r.page_size.bytes()) } {
+    match unsafe { move_back(core, slot, addr, len, Holes::Forbid, patience) } {
         Ok(()) => {}
         Err(e) if e.is_busy() => return Ok(TryPark::Held),
-        Err(e) if e.is_held() => return Ok(TryPark::Busy),
+        Err(e) if e.is_held() && patience == Patience::Brief => return Ok(TryPark::Busy),
+        // As `park`: gather, whatever the refusal.
         Err(_) => {
             recollect(core, r, page, slot)?;
         }

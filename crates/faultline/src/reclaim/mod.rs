@@ -44,7 +44,7 @@ use crate::budget;
 use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
-use crate::pagemove::{self, TryPark};
+use crate::pagemove::{self, Patience, TryPark};
 use crate::publish::{self, Publisher};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
@@ -364,7 +364,7 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
     }
     match r.state(page) {
         PageState::Resident(f) => {
-            match pagemove::try_park(core, r, page, f) {
+            match pagemove::try_park(core, r, page, f, Patience::Brief) {
                 Ok(TryPark::Parked) => Stats::bump(&core.stats.parked),
                 Ok(TryPark::Held) => {
                     r.held.note(page);

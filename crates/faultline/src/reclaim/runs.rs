@@ -87,10 +87,11 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
     }
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
+    let (holes, brief) = (pagemove::Holes::Forbid, pagemove::Patience::Brief);
     // SAFETY: the pages are resident under their locks (held), their frames'
     // slots are the holes they left, and faultline holds no reference into
     // either range.
-    let moved = unsafe { pagemove::move_out_briefly(core, slot, addr, n * PAGE_SIZE) };
+    let moved = unsafe { pagemove::move_back(core, slot, addr, n * PAGE_SIZE, holes, brief) };
     if moved.is_err() {
         // Nothing moved (or the run is left split): step the pages one by
         // one, which gathers whatever is where and notes any the kernel
