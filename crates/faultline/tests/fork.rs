@@ -150,3 +150,23 @@ fn a_region_dropped_while_a_child_shares_its_pages_is_written_and_let_go() {
         "dropped with a sharing child in",
     );
 }
+
+/// `PageMap::shared`, which write-back relies on to tell a page a child
+/// shares from a moment's refusal: a page is this process's alone until a
+/// child that inherited it is forked.
+#[test]
+fn pagemap_sees_a_page_shared_with_a_child() {
+    use faultline_sys::mem::{Mapping, PageMap};
+    let m = Mapping::anonymous(2 * MIB, 2 * MIB).expect("mmap");
+    let pm = PageMap::open().expect("pagemap");
+    let a = m.addr();
+    // SAFETY: a page of our own fresh mapping, no references into it.
+    unsafe { ((a + PAGE) as *mut u8).write_volatile(1) };
+    let mut v = Vec::new();
+    pm.shared(a, 2, &mut v).expect("read");
+    assert_eq!(v, [false, false]);
+    let child = common::SharingChild::fork(a as *mut u8, 2 * PAGE);
+    pm.shared(a, 2, &mut v).expect("read");
+    drop(child);
+    assert_eq!(v, [false, true]);
+}

@@ -241,42 +241,4 @@ mod tests {
         pm.has_data(a, 8, &mut v).expect("read");
         assert_eq!(v, [false, false, false, false, false, true, false, false]);
     }
-
-    /// A page a child of fork() inherited is shared until one side writes
-    /// it; before the fork it is this process's alone.
-    #[test]
-    fn pagemap_sees_a_page_shared_with_a_child() {
-        let m = Mapping::anonymous(HUGE_PAGE_SIZE, HUGE_PAGE_SIZE).expect("mmap");
-        let pm = PageMap::open().expect("pagemap");
-        let a = m.addr();
-        // SAFETY: a page of our own fresh mapping, no references into it.
-        unsafe { ((a + PAGE_SIZE) as *mut u8).write_volatile(1) };
-        let mut v = Vec::new();
-        pm.shared(a, 2, &mut v).expect("read");
-        assert_eq!(v, [false, false]);
-        let mut fds = [0; 2];
-        // SAFETY: a pipe for the child to wait on.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: the child only reads the pipe and leaves with _exit
-        // (async-signal-safe calls only, after fork of a threaded process).
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork");
-        if pid == 0 {
-            let mut b = 0u8;
-            // SAFETY: blocks until the parent closes its end.
-            unsafe {
-                libc::close(fds[1]);
-                libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
-                libc::_exit(0);
-            }
-        }
-        pm.shared(a, 2, &mut v).expect("read");
-        // SAFETY: lets the child go and reaps it.
-        unsafe {
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
-        assert_eq!(v, [false, true]);
-    }
 }

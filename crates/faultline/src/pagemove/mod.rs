@@ -191,23 +191,51 @@ pub(crate) unsafe fn move_range(
     holes: Holes,
     wake: bool,
 ) -> Result<(), MoveError> {
+    let req = Req {
+        dst,
+        src,
+        len,
+        holes,
+        wake,
+        patience: Patience::Deadline,
+    };
     // SAFETY: the caller's contract.
-    unsafe { move_within(core, dst, src, len, holes, wake, Patience::Deadline) }
+    unsafe { move_within(core, req) }
 }
 
-/// [`move_range`], retrying refused pages with `patience`.
-///
-/// # Safety
-/// As [`move_range`].
-unsafe fn move_within(
-    core: &Core,
+/// One move as asked: `len` bytes from `src` to `dst`, with what holes
+/// and waking mean ([`move_range`]) and how long refusals are retried.
+#[derive(Debug, Clone, Copy)]
+struct Req {
     dst: usize,
     src: usize,
     len: usize,
     holes: Holes,
     wake: bool,
     patience: Patience,
-) -> Result<(), MoveError> {
+}
+
+impl Req {
+    /// A move out of a region (no wake), every source page required.
+    fn out(dst: usize, src: usize, len: usize, patience: Patience) -> Req {
+        Req {
+            dst,
+            src,
+            len,
+            holes: Holes::Forbid,
+            wake: false,
+            patience,
+        }
+    }
+}
+
+/// [`move_range`], retrying refused pages with `req.patience`.
+///
+/// # Safety
+/// As [`move_range`].
+unsafe fn move_within(core: &Core, req: Req) -> Result<(), MoveError> {
+    let (dst, src, len) = (req.dst, req.src, req.len);
+    let (holes, wake) = (req.holes, req.wake);
     // SAFETY: the caller's contract. The kernel wakes the destination's
     // waiters itself when the move completes (with `wake`); after a partial
     // move it wakes what moved, and a thread woken early refaults onto the
@@ -237,7 +265,7 @@ unsafe fn move_within(
         })
         .collect();
     // SAFETY: the caller's contract.
-    unsafe { settle(core, dst, src, len, holes, wake, known, last, patience) }
+    unsafe { settle(core, req, known, last) }
 }
 
 /// A move the kernel did not complete as a system error: `EBUSY` stays
@@ -304,8 +332,10 @@ pub(crate) unsafe fn move_back(
     holes: Holes,
     patience: Patience,
 ) -> Result<(), MoveError> {
+    let mut req = Req::out(dst, src, len, patience);
+    req.holes = holes;
     // SAFETY: the caller's contract.
-    unsafe { move_within(core, dst, src, len, holes, false, patience) }
+    unsafe { move_within(core, req) }
 }
 
 /// A few quick retries, then back off: a source the kernel holds for a

@@ -11,7 +11,7 @@
 //! Locks: none; the caller's fault locks or frame ownership (see
 //! `move_range`).
 
-use super::{backoff, refusal, Holes, MoveError, Patience, DEADLINE};
+use super::{backoff, refusal, Holes, MoveError, Req, DEADLINE};
 use crate::core::Core;
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
@@ -148,18 +148,20 @@ fn mark_dropped(at: &mut [Place], known: &mut [Known]) -> u64 {
 ///
 /// # Safety
 /// As [`super::move_range`].
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn settle(
     core: &Core,
-    dst: usize,
-    src: usize,
-    len: usize,
-    holes: Holes,
-    wake: bool,
+    req: Req,
     mut known: Vec<Known>,
     mut last: SysError,
-    patience: Patience,
 ) -> Result<(), MoveError> {
+    let Req {
+        dst,
+        src,
+        len,
+        holes,
+        wake,
+        patience,
+    } = req;
     let n = len / PAGE_SIZE;
     let started = Instant::now();
     let mut round = 0u32;

@@ -367,9 +367,9 @@ pub fn cpu_time() -> std::time::Duration {
 /// A child of `fork()` that inherited `[addr, addr + len)` (`MADV_DOFORK`)
 /// and sleeps until dropped: every page of the range that was resident at
 /// the fork is shared copy-on-write with it, and the kernel refuses to
-/// move such a page (`UFFDIO_MOVE`: `EBUSY`) while the child lives. Call
-/// only from a process of its own ([`run_in_child`]): the child is a fork
-/// of a multi-threaded process and only reads a pipe and `_exit`s.
+/// move such a page (`UFFDIO_MOVE`: `EBUSY`) while the child lives. The
+/// child, a fork of a multi-threaded process, only reads a pipe and
+/// `_exit`s (async-signal-safe calls).
 pub struct SharingChild {
     pid: libc::pid_t,
     release: libc::c_int,
