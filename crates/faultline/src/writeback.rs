@@ -27,11 +27,10 @@ use std::sync::atomic::Ordering;
 /// the kernel swapped out (the move takes the swap entry) and pages the
 /// program made unreadable (`mprotect`): those cannot be moved and are
 /// reported, not faulted on. A page shared with another process is not
-/// waited for: `on_held` reports it or writes it from the region. A page that fails stays dirty; the others are
-/// still written, and the first error is returned. With `limit`, a page
-/// whose lock stays held longer (a worker stuck in the store) is skipped
-/// and reported. `on_held` says what becomes of a page the kernel will not
-/// move out (shared copy-on-write with a child of `fork()`, pinned).
+/// waited for: `on_held` reports it or writes it from the region. A page
+/// that fails stays dirty; the others are still written, and the first
+/// error is returned. With `limit`, a page whose lock stays held longer (a
+/// worker stuck in the store) is skipped and reported.
 pub(crate) fn write_back(
     core: &Core,
     r: &RegionInner,

@@ -10,9 +10,10 @@
 //!
 //! Bounded: a page lock held past [`SHUTDOWN_WAIT`] (a worker stuck in a
 //! store call) is reported and its window's frames leaked rather than the
-//! drop hung; a page the kernel will not move (shared copy-on-write with a
-//! child that inherited the region, pinned) is written back from the
-//! region and left to go with the mapping, not waited for. In a child of `fork()` nothing is done (see `Core::in_owner`).
+//! drop hung; a page shared copy-on-write with a child that inherited the
+//! region, which the kernel will not move, is written back from the region
+//! and left to go with the mapping, not waited for. In a child of `fork()`
+//! nothing is done (see `Core::in_owner`).
 //! Locks: each window's fault locks, one window at a time.
 
 use super::region::{Access, Region};
@@ -105,8 +106,8 @@ fn teardown(core: &Core, r: &RegionInner) {
         // (the mapping outlives the teardown), every part of it present
         // (checked by `write_back` under the page's lock).
         let copy = |addr: usize, buf: &mut [u8]| unsafe { super::access::copy_out(addr, buf) };
-        let on_held = crate::writeback::OnHeld::Copy(&copy);
-        if let Err(e) = crate::writeback::write_back(core, r, Some(SHUTDOWN_WAIT), on_held)
+        let on_held = writeback::OnHeld::Copy(&copy);
+        if let Err(e) = writeback::write_back(core, r, Some(SHUTDOWN_WAIT), on_held)
             .and_then(|()| r.store.flush())
         {
             core.record(FaultError::Store {

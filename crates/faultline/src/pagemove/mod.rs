@@ -142,10 +142,10 @@ pub(crate) enum MoveError {
 }
 
 impl MoveError {
-    /// The kernel refused the whole move for a whole [`DEADLINE`] with a
-    /// refusal it lifts on its own (`EAGAIN`, `EBUSY`): a page held
-    /// elsewhere — shared with a child of `fork()`, pinned for I/O — or an
-    /// event left unread that long. Nothing moved.
+    /// The kernel refused the whole move for the move's whole patience
+    /// ([`Patience`]) with a refusal it lifts on its own (`EAGAIN`,
+    /// `EBUSY`): a page held elsewhere — shared with a child of `fork()`,
+    /// pinned for I/O — or an event left unread that long. Nothing moved.
     pub(crate) fn is_held(&self) -> bool {
         matches!(self, MoveError::Refused(e) if matches!(e.errno, libc::EAGAIN | libc::EBUSY))
     }
@@ -191,14 +191,7 @@ pub(crate) unsafe fn move_range(
     holes: Holes,
     wake: bool,
 ) -> Result<(), MoveError> {
-    let req = Req {
-        dst,
-        src,
-        len,
-        holes,
-        wake,
-        patience: Patience::Deadline,
-    };
+    let req = Req::new(dst, src, len, holes, wake, Patience::Deadline);
     // SAFETY: the caller's contract.
     unsafe { move_within(core, req) }
 }
@@ -216,14 +209,21 @@ struct Req {
 }
 
 impl Req {
-    /// A move out of a region (no wake), every source page required.
-    fn out(dst: usize, src: usize, len: usize, patience: Patience) -> Req {
+    /// A move as its fields say.
+    fn new(
+        dst: usize,
+        src: usize,
+        len: usize,
+        holes: Holes,
+        wake: bool,
+        patience: Patience,
+    ) -> Req {
         Req {
             dst,
             src,
             len,
-            holes: Holes::Forbid,
-            wake: false,
+            holes,
+            wake,
             patience,
         }
     }
@@ -332,8 +332,7 @@ pub(crate) unsafe fn move_back(
     holes: Holes,
     patience: Patience,
 ) -> Result<(), MoveError> {
-    let mut req = Req::out(dst, src, len, patience);
-    req.holes = holes;
+    let req = Req::new(dst, src, len, holes, false, patience);
     // SAFETY: the caller's contract.
     unsafe { move_within(core, req) }
 }

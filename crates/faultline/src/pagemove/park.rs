@@ -205,8 +205,10 @@ pub(crate) fn try_park(
 pub(crate) enum TryPark {
     /// The page is parked.
     Parked,
-    /// The kernel answered `EBUSY` throughout: the page is held elsewhere
-    /// (shared with a child, pinned) and may stay so; it is resident.
+    /// The kernel answered `EBUSY` (the move gives up at the first): the
+    /// page is held elsewhere (shared with a child, pinned) and may stay
+    /// so, or for a moment (a large folio not split just then); it is
+    /// resident.
     Held,
     /// The kernel refused for the moment; the page is resident.
     Busy,

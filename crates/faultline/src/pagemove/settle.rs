@@ -154,14 +154,8 @@ pub(super) unsafe fn settle(
     mut known: Vec<Known>,
     mut last: SysError,
 ) -> Result<(), MoveError> {
-    let Req {
-        dst,
-        src,
-        len,
-        holes,
-        wake,
-        patience,
-    } = req;
+    let (dst, src, len) = (req.dst, req.src, req.len);
+    let (holes, wake, patience) = (req.holes, req.wake, req.patience);
     let n = len / PAGE_SIZE;
     let started = Instant::now();
     let mut round = 0u32;
