@@ -10,7 +10,9 @@ of the same limit, the page cache dropped before every run:
 
 Rows: faultline (4 KiB pages, and 2 MiB pages: ``faultline-2M``) with
 fault workers, the same with faults served in the faulting thread
-(``fault_mode="in-thread"``: the sides ending in ``-it``), numpy.memmap
+(``fault_mode="in-thread"``: the sides ending in ``-it``), either with
+``-sleep`` appended (``poll_us=0``: a fault's read sleeps in ``pread``
+instead of being polled, the default), numpy.memmap
 without a hint, and numpy.memmap with the hint a user would give it (its
 ``_mmap``'s ``madvise``: MADV_RANDOM for gathers, MADV_SEQUENTIAL for the
 sum).
@@ -46,11 +48,13 @@ def child(args):
     n = args.data_mib * MiB // 8
     if args.side.startswith("faultline"):
         page = "2M" if args.side.startswith("faultline-2M") else "4K"
-        mode = "in-thread" if args.side.endswith("-it") else "workers"
+        side = args.side.removesuffix("-sleep")
+        mode = "in-thread" if side.endswith("-it") else "workers"
+        poll = 0 if args.side.endswith("-sleep") else None
         mm = faultline.Manager(budget=args.budget_mib * MiB, workers=2,
                                small_zone_pct=100 if page == "4K" else 0, fault_mode=mode)
         a = faultline.open_array(args.path, dtype=np.float64, shape=(n,), mode="r",
-                                 manager=mm, page_size=page)
+                                 manager=mm, page_size=page, poll_us=poll)
     else:
         a = np.memmap(args.path, dtype=np.float64, shape=(n,), mode="r")
         if args.side == "memmap-hint":

@@ -143,7 +143,10 @@ impl PyManager {
     /// Maps `length` bytes (default: to the end of the file) of the file at
     /// `path` from byte `offset`. `mode`: "r" read-only, "r+" read-write,
     /// "w+" create or truncate to `offset + length` bytes, read-write.
-    #[pyo3(signature = (path, mode = "r", offset = 0, length = None, page_size = None))]
+    /// `poll_us`: how long a thread waiting for a fault's read from the
+    /// file polls for it before it sleeps (default: the library's, 200;
+    /// 0: sleep at once).
+    #[pyo3(signature = (path, mode = "r", offset = 0, length = None, page_size = None, poll_us = None))]
     fn map_file(
         slf: &Bound<'_, Self>,
         path: std::path::PathBuf,
@@ -151,6 +154,7 @@ impl PyManager {
         offset: u64,
         length: Option<&Bound<'_, PyAny>>,
         page_size: Option<&Bound<'_, PyAny>>,
+        poll_us: Option<u64>,
     ) -> PyResult<PyRegion> {
         let page = match page_size {
             Some(p) => self::page_size(p)?,
@@ -217,7 +221,11 @@ impl PyManager {
         } else {
             None
         };
-        let store = File::from_file(file, FileOptions::new().offset(offset).writable(writable));
+        let mut file_opts = FileOptions::new().offset(offset).writable(writable);
+        if let Some(us) = poll_us {
+            file_opts = file_opts.poll(Duration::from_micros(us));
+        }
+        let store = File::from_file(file, file_opts);
         let opts = MapOptions::new().page_size(page);
         let me = slf.get();
         let what = format!("cannot map {shown}");

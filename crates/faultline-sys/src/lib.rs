@@ -1,7 +1,7 @@
 //! Raw Linux interfaces for faultline, and the only crate in the workspace that
 //! makes system calls or ioctls.
 //!
-//! Four modules:
+//! Five modules:
 //! - [`uffd`]: a `userfaultfd` context — opening it, the `UFFDIO_API` handshake
 //!   that probes features at run time, (un)registration and the resolving
 //!   ioctls (`MOVE`, `COPY`, `ZEROPAGE`, `WRITEPROTECT`, `WAKE`, `POISON`).
@@ -10,6 +10,7 @@
 //! - [`mem`]: anonymous mappings (an owning [`mem::Mapping`]), `madvise`.
 //! - [`host`]: facts about the machine (page size, physical memory, THP mode,
 //!   current CPU, cycle counter).
+//! - [`io`]: reads polled on a per-thread `io_uring` (the file store's direct reads).
 //! - [`signal`]: the SIGBUS handler's plumbing for faults served in the
 //!   faulting thread (install, read the siginfo, pass a signal on).
 //!
@@ -21,6 +22,7 @@
 //! system call.
 
 pub mod host;
+pub mod io;
 pub mod mem;
 pub mod signal;
 pub mod uffd;

@@ -8,6 +8,8 @@
 //! - [`settle`] (the background reclaimer, at its checks) moves the
 //!   withholding toward the cost, never waiting and never taking free
 //!   memory below the reclaim low watermark; frames go back as idle ones.
+//!   What it found no room for ([`owed`]) raises the reclaimer's
+//!   watermarks until it is withheld.
 //! - [`borrow`] (the last step of `reclaim::alloc`) gives withheld frames
 //!   to a fault nothing else can serve: the budget is then exceeded by the
 //!   overhead, as before it was counted, rather than a fault refused.
@@ -45,6 +47,17 @@ fn target(core: &Core) -> usize {
         bytes.div_ceil(huge)
     };
     blocks.min(cap(budget::user_budget_pages(core))) * PAGES_PER_HUGE
+}
+
+/// Pages the overhead costs beyond what is withheld for it (0 with
+/// `Config::budget_counts_overhead` off): what [`settle`] will withhold
+/// once free memory has room for it above the low watermark.
+pub(crate) fn owed(core: &Core) -> usize {
+    if !core.config.budget_counts_overhead {
+        return 0;
+    }
+    // Relaxed: a hint for the reclaimer's watermarks.
+    target(core).saturating_sub(core.overhead_withheld.load(Ordering::Relaxed))
 }
 
 /// The most a budget of `pages` withholds for overhead, in 2 MiB blocks.

@@ -2,7 +2,8 @@
 //! their frames leave the page cache empty (and buffered ones fill it), an
 //! unaligned region offset or a file tail falls back to buffered I/O with
 //! the same bytes, write-back through `O_DIRECT` reaches the file, and
-//! read-ahead runs staged in a huge page read the same bytes as unstaged.
+//! read-ahead runs staged in a huge page read the same bytes as unstaged,
+//! and reads polled for on `io_uring` the same bytes as sleeping ones.
 //! Needs userfaultfd (root) and a temporary directory on a file system with
 //! `O_DIRECT` (ext4, xfs, btrfs); fails with the reason otherwise.
 
@@ -110,6 +111,54 @@ fn direct_reads_leave_the_page_cache_empty_and_buffered_ones_fill_it() {
         drop(r);
     }
     assert!(mm.take_error().is_none());
+}
+
+/// A fault's read polled for on the faulting or serving thread's own
+/// `io_uring` (the default) or sleeping in `pread` (`poll(0)`), by four
+/// threads at once touching random pages, with faults served by workers
+/// and in the faulting threads: every byte as in the file, twice through a
+/// budget half the file's size.
+#[test]
+fn polled_and_sleeping_direct_reads_give_every_byte_from_many_threads() {
+    let dir = ScratchDir::new("direct-polled");
+    let data = pattern(8 * MIB, 11);
+    let path = dir.file("data", &data);
+    for mode in [
+        faultline::FaultMode::Workers,
+        faultline::FaultMode::InThread,
+    ] {
+        for spin in [
+            std::time::Duration::from_micros(200),
+            std::time::Duration::ZERO,
+        ] {
+            let mm = common::manager_with({
+                let mut c = common::config(4 * MIB);
+                c.fault_mode = mode;
+                c
+            });
+            let opts = FileOptions::new().direct(true).poll(spin);
+            let r = mm
+                .map_read_only(8 * MIB, open(&path, opts), MapOptions::new())
+                .expect("map");
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    let (r, data) = (&r, &data);
+                    s.spawn(move || {
+                        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                        for _ in 0..2 * data.len() / PAGE / 4 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let at = (x as usize % (data.len() / PAGE)) * PAGE + (x >> 52) as usize;
+                            assert_eq!(byte(r, at), data[at], "{mode:?} poll {spin:?}: byte {at}");
+                        }
+                    });
+                }
+            });
+            check_all(&r, &data);
+            assert!(mm.take_error().is_none(), "{mode:?} poll {spin:?}");
+        }
+    }
 }
 
 /// Read-ahead runs read directly, staged in a huge page and copied into

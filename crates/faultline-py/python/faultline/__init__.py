@@ -85,7 +85,8 @@ class Array(_np.ndarray):
 
 
 def open_array(path, dtype="uint8", shape=None, mode="r+", offset=0, order="C",
-               budget="256M", workers=2, page_size="4K", manager=None, fault_mode="workers"):
+               budget="256M", workers=2, page_size="4K", manager=None, fault_mode="workers",
+               poll_us=None):
     """Opens a file as a NumPy array served by faultline, like ``numpy.memmap``.
 
     ``mode``: ``"r"`` (read-only array), ``"r+"`` (read-write) or ``"w+"``
@@ -93,7 +94,9 @@ def open_array(path, dtype="uint8", shape=None, mode="r+", offset=0, order="C",
     of the file as a 1-D array. ``budget`` (bytes or ``"256M"``) and
     ``workers`` configure the array's own ``Manager`` unless ``manager`` is
     given, and so does ``fault_mode`` (``"workers"`` or ``"in-thread"``: see
-    ``Manager``). ``page_size``: ``"4K"`` or ``"2M"``.
+    ``Manager``). ``page_size``: ``"4K"`` or ``"2M"``. ``poll_us``: how long
+    a thread waiting for a fault's read polls for it before it sleeps
+    (``None``: the library's default, 200; ``0``: sleep at once).
     """
     dtype = _np.dtype(dtype)
     if mode not in ("r", "r+", "w+"):
@@ -116,7 +119,8 @@ def open_array(path, dtype="uint8", shape=None, mode="r+", offset=0, order="C",
     if manager is None:
         manager = Manager(budget=budget, workers=workers, fault_mode=fault_mode)
     mm = manager
-    region = mm.map_file(path, mode=mode, offset=offset, length=nbytes, page_size=page_size)
+    region = mm.map_file(path, mode=mode, offset=offset, length=nbytes, page_size=page_size,
+                         poll_us=poll_us)
     flat = _np.frombuffer(region, dtype=dtype, count=count)
     arr = flat.reshape(shape, order=order).view(Array)
     arr.region = region

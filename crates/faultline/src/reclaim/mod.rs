@@ -148,6 +148,10 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
             continue;
         }
         above.note(core, high);
+        // Overhead a settle found no room for above `low`: freed on top of
+        // the watermarks, or it would wait for faults to start a pass.
+        let owed = crate::overhead::owed(core);
+        let (low, high) = (low + owed, high + owed);
         let mut free = budget::free_pages(core);
         if free < low {
             // Pre-zeroed frames are free memory first (the zeroing
@@ -177,7 +181,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         // faults kicks the pass below the low watermark, and settled there
         // the overhead would never find free memory above it to withhold.
         if core.config.budget_counts_overhead && Instant::now() >= settle_at {
-            crate::overhead::settle(core, low);
+            crate::overhead::settle(core, low - owed);
             settle_at = Instant::now() + SETTLE_EVERY;
         }
         // Faults may wake this thread early unless it is backing off.

@@ -42,7 +42,8 @@ pub struct ChildArgs {
     #[arg(long, default_value_t = 0)]
     pub len: usize,
     /// faultline over the file: `direct` (`O_DIRECT`, long reads staged in
-    /// a huge page: the default), `direct-unstaged` (every read straight
+    /// a huge page, each read polled: the default), `direct-sleeping` (the
+    /// same, sleeping in `pread`), `direct-unstaged` (every read straight
     /// into the frames) or `buffered` I/O between the file and the frames.
     #[arg(long, default_value = "direct")]
     pub io: String,
@@ -237,16 +238,22 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             // kernel side's read-write shared mapping: a read-only store
             // would skip dirty tracking (fill fingerprints, the check at
             // eviction) and measure a cheaper path than the kernel's.
-            let (direct, staged) = match a.io.as_str() {
-                "direct" => (true, true),
-                "direct-unstaged" => (true, false),
-                "buffered" => (false, false),
-                other => bail!("--io {other}: direct, direct-unstaged or buffered"),
+            let (direct, staged, poll) = match a.io.as_str() {
+                "direct" => (true, true, true),
+                "direct-unstaged" => (true, false, true),
+                "direct-sleeping" => (true, true, false),
+                "buffered" => (false, false, false),
+                other => {
+                    bail!("--io {other}: direct, direct-unstaged, direct-sleeping or buffered")
+                }
             };
-            let opts = FileOptions::new()
+            let mut opts = FileOptions::new()
                 .writable(true)
                 .direct(direct)
                 .staged(staged);
+            if !poll {
+                opts = opts.poll(std::time::Duration::ZERO);
+            }
             let store = File::open(&a.file, opts)?;
             let set = if a.len > 0 { Set::Fill } else { Set::AsIs };
             faultline_side(a, file_len()?, store, set)?

@@ -4,7 +4,8 @@
 //!
 //! - random: 4 KiB `pread`s at random 4 KiB-aligned offsets of the whole
 //!   file, queue depth = the bench's threads (one thread per queue slot,
-//!   each synchronous);
+//!   each synchronous); twice: sleeping in `pread`, and polled on each
+//!   thread's `io_uring` as faultline's file store reads (`FileOptions::poll`);
 //! - sequential: 1 MiB reads of consecutive chunks at queue depth 4 (4
 //!   threads taking the next chunk in turn), one pass over the file.
 //!
@@ -18,10 +19,11 @@ use crate::bench::rng;
 use anyhow::Context;
 use std::alloc::Layout;
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One device measurement.
 pub struct DeviceRow {
@@ -34,6 +36,9 @@ pub struct DeviceRow {
     pub pages_per_s: f64,
     pub mib_per_s: f64,
 }
+
+/// How long a polled read spins before it sleeps (the file store's default).
+const POLL: Duration = Duration::from_micros(200);
 
 /// Queue depth of the sequential measurement.
 const SEQ_DEPTH: usize = 4;
@@ -75,14 +80,16 @@ fn unsupported(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(22) // EINVAL
 }
 
-/// `threads` threads each doing up to `ops` random 4 KiB reads; returns
-/// bytes read.
+/// `threads` threads each doing up to `ops` random 4 KiB reads, each read
+/// polled for up to `spin` on the thread's `io_uring` (zero: a sleeping
+/// `pread`); returns bytes read.
 fn random_reads(
     f: &File,
     len: usize,
     threads: usize,
     ops: usize,
     secs: f64,
+    spin: Duration,
 ) -> std::io::Result<usize> {
     let pages = (len / 4096) as u64;
     let t = Instant::now();
@@ -95,7 +102,11 @@ fn random_reads(
                     let mut done = 0;
                     while done < ops && (done % 64 != 0 || t.elapsed().as_secs_f64() < secs) {
                         let off = (next() % pages) * 4096;
-                        f.read_exact_at(buf.as_mut_slice(), off)?;
+                        let n =
+                            faultline_sys::io::read_at(f.as_fd(), buf.as_mut_slice(), off, spin)?;
+                        if n != 4096 {
+                            return Err(std::io::ErrorKind::UnexpectedEof.into());
+                        }
                         done += 1;
                     }
                     Ok(done * 4096)
@@ -176,18 +187,26 @@ pub fn measure(
         Err(e) => return Err(e).context("opening the dataset with O_DIRECT"),
     };
     let len = f.metadata()?.len() as usize;
-    let t = Instant::now();
-    let random = match random_reads(&f, len, threads, ops, secs) {
-        Ok(b) => row(
-            "random-read",
-            "O_DIRECT pread 4 KiB",
-            threads,
-            b,
-            t.elapsed().as_secs_f64(),
-        ),
-        Err(e) if unsupported(&e) => return Ok(Err(skip(&e))),
-        Err(e) => return Err(e).context("O_DIRECT random reads"),
-    };
+    let mut rows = Vec::new();
+    // Sleeping reads, and reads polled as faultline's file store polls them
+    // (`FileOptions::poll`'s default).
+    for (io, spin) in [
+        ("O_DIRECT pread 4 KiB", Duration::ZERO),
+        ("O_DIRECT 4 KiB, polled", POLL),
+    ] {
+        let t = Instant::now();
+        match random_reads(&f, len, threads, ops, secs, spin) {
+            Ok(b) => rows.push(row(
+                "random-read",
+                io,
+                threads,
+                b,
+                t.elapsed().as_secs_f64(),
+            )),
+            Err(e) if unsupported(&e) => return Ok(Err(skip(&e))),
+            Err(e) => return Err(e).context("O_DIRECT random reads"),
+        }
+    }
     let t = Instant::now();
     let seq = seq_reads(&f, len, secs).context("O_DIRECT sequential reads")?;
     let seq = row(
@@ -197,5 +216,6 @@ pub fn measure(
         seq,
         t.elapsed().as_secs_f64(),
     );
-    Ok(Ok(vec![random, seq]))
+    rows.push(seq);
+    Ok(Ok(rows))
 }

@@ -67,6 +67,10 @@ pub struct OocOpts {
     /// 1/1024 for page states).
     #[arg(long)]
     pub memory_mib: Option<usize>,
+    /// Program threads of every row (and the random device row's queue
+    /// depth).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
 }
 
 /// The memory limit, faultline's budget and the dataset size, in bytes.
@@ -116,9 +120,6 @@ fn unpaid(budget: usize, len: usize) -> usize {
     (len / 512 + len / 1024).saturating_sub(budget / 4)
 }
 
-/// Application threads of every run (and the random device queue depth).
-const THREADS: usize = 2;
-
 /// The sizes and caps of one bench run, and the dataset file.
 struct Setup {
     file: PathBuf,
@@ -127,6 +128,7 @@ struct Setup {
     budget: usize,
     ops: usize,
     secs: f64,
+    threads: usize,
 }
 
 impl Setup {
@@ -147,6 +149,7 @@ impl Setup {
             budget,
             ops,
             secs,
+            threads: o.threads.max(1),
         })
     }
 
@@ -171,7 +174,7 @@ impl Setup {
                 "--budget",
                 &self.budget.to_string(),
                 "--threads",
-                &THREADS.to_string(),
+                &self.threads.to_string(),
                 "--ops",
                 &self.ops.to_string(),
                 "--secs",
@@ -202,7 +205,8 @@ struct Measured {
 }
 
 /// Adds a mmap row; ratios against the unhinted and the best kernel row.
-fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_best: f64) {
+fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_best: (f64, f64)) {
+    let (k_none, k_best) = k_best;
     let (vs, vs_best) = (m.ops / k_none, m.ops / k_best);
     let Side {
         system,
@@ -212,7 +216,7 @@ fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_bes
     } = m.side;
     report.rows.push(
         json!({"system": system, "hint": hint, "io": io, "mode": mode, "pattern": pattern,
-        "threads": THREADS, "ops_per_s": m.ops, "max_rss_mib": m.rss,
+        "threads": s.threads, "ops_per_s": m.ops, "max_rss_mib": m.rss,
         "vs_kernel": vs, "vs_kernel_best": vs_best}),
     );
     report.table.push(vec![
@@ -221,7 +225,7 @@ fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_bes
         io.into(),
         mode.into(),
         pattern.into(),
-        THREADS.to_string(),
+        s.threads.to_string(),
         format!("{:.0}", m.ops),
         "-".into(),
         format!("{:.0}", m.rss),
@@ -233,14 +237,19 @@ fn push_row(report: &mut Report, pattern: &str, m: &Measured, k_none: f64, k_bes
 /// Adds a device row (`threads` holds the queue depth).
 fn push_device(report: &mut Report, d: &DeviceRow) {
     report.rows.push(
-        json!({"system": "device", "hint": "-", "io": "o_direct", "mode": "-", "pattern": d.pattern,
+        json!({"system": "device", "hint": "-", "mode": "-", "pattern": d.pattern,
         "io": d.io, "queue_depth": d.queue_depth, "ops_per_s": d.pages_per_s,
         "mib_per_s": d.mib_per_s}),
     );
+    let io = if d.io.contains("polled") {
+        "o_direct-polled"
+    } else {
+        "o_direct"
+    };
     report.table.push(vec![
         "device".into(),
         "-".into(),
-        "o_direct".into(),
+        io.into(),
         "-".into(),
         d.pattern.into(),
         format!("qd {}", d.queue_depth),
@@ -254,7 +263,8 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
 
 /// The runs of one pattern: kernel unhinted, kernel hinted, faultline with
 /// direct I/O (its default) and with buffered I/O, served by workers (the
-/// default), and with direct I/O served in the faulting thread.
+/// default), and with direct I/O served in the faulting thread (reads
+/// polled, the default, and sleeping in `pread`).
 fn run_pattern(
     s: &Setup,
     report: &mut Report,
@@ -288,14 +298,14 @@ fn run_pattern(
     let k_none = rows[0].ops;
     let k_best = rows[0].ops.max(rows[1].ops);
     for m in &rows {
-        push_row(report, pattern, m, k_none, k_best);
+        push_row(report, s, pattern, m, (k_none, k_best));
     }
     Ok(())
 }
 
 /// The sides of a pattern whose kernel hint is `hint`; the two kernel rows
 /// first.
-fn sides(hint: &'static str) -> [Side; 5] {
+fn sides(hint: &'static str) -> [Side; 6] {
     let side = |system, hint, io, mode| Side {
         system,
         hint,
@@ -308,13 +318,14 @@ fn sides(hint: &'static str) -> [Side; 5] {
         side("faultline", "-", "direct", "workers"),
         side("faultline", "-", "buffered", "workers"),
         side("faultline", "-", "direct", "in-thread"),
+        side("faultline", "-", "direct-sleeping", "in-thread"),
     ]
 }
 
 /// The device rows, or a note saying why there are none.
 fn run_device(s: &Setup, report: &mut Report) -> anyhow::Result<()> {
     drop_caches()?;
-    match device::measure(&s.file, THREADS, s.ops, s.secs)? {
+    match device::measure(&s.file, s.threads, s.ops, s.secs)? {
         Ok(rows) => rows.iter().for_each(|d| push_device(report, d)),
         Err(why) => report.notes.push(why),
     }
@@ -342,9 +353,12 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
     );
     report.config = json!({"file_bytes": s.len, "memory_limit_bytes": s.limit,
         "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
-        "ops_per_thread": s.ops, "threads": THREADS, "time_cap_s": s.secs});
+        "ops_per_thread": s.ops, "threads": s.threads, "time_cap_s": s.secs});
     let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
-    let bar = progress((patterns.len() * 5) as u64, "out-of-core");
+    let bar = progress(
+        (patterns.len() * sides("random").len()) as u64,
+        "out-of-core",
+    );
     let result = (|| -> anyhow::Result<()> {
         run_device(&s, &mut report)?;
         for pattern in patterns {
@@ -362,17 +376,19 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
 fn notes(s: &Setup, report: &mut Report) {
     report.notes.push(format!(
         "file {} MiB, memory cgroup limit {} MiB for every run (faultline budget {} MiB; its page-cache use counts \
-         against the same limit); page cache dropped before each run; {THREADS} threads x up to {} ops of 4 KiB, \
+         against the same limit); page cache dropped before each run; {} threads x up to {} ops of 4 KiB, \
          at most {} s a run.",
         s.len >> 20,
         s.limit >> 20,
         s.budget >> 20,
+        s.threads,
         s.ops,
         s.secs
     ));
     report.notes.push(
         "faultline rows: a 4 KiB region over the file, pages moved between file and frames with O_DIRECT \
-         (io direct, the default) or through the page cache (io buffered); faults served by workers (mode workers, \
+         (io direct, the default: a thread waiting for a fault's read polls for its completion, \
+         FileOptions::poll; io direct-sleeping: it sleeps in pread) or through the page cache (io buffered); faults served by workers (mode workers, \
          the default) or in the faulting thread (mode in-thread). \
          kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
          gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
@@ -384,10 +400,11 @@ fn notes(s: &Setup, report: &mut Report) {
     }
     report.notes.push(format!(
         "device rows: O_DIRECT reads of the same file in the same run (no page cache, no cgroup): random 4 KiB \
-         preads at queue depth {THREADS} (one synchronous thread per slot, up to {} reads each), and 1 MiB reads \
+         reads at queue depth {} (one synchronous thread per slot, up to {} reads each; sleeping in pread, then \
+         polled on io_uring as faultline's file store reads), and 1 MiB reads \
          of consecutive chunks at queue depth 4 (one pass at most); ops_per_s in 4 KiB pages, mib_per_s in MiB; \
          at most {} s each. The upper bound for a pattern's faults that miss memory.",
-        s.ops, s.secs
+        s.threads, s.ops, s.secs
     ));
 }
 
