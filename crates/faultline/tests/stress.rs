@@ -19,7 +19,8 @@
 //!    oracle.
 //!
 //! Every word written must read back, every word nobody wrote must read its
-//! initial value, and at the end every frame is back in the pool.
+//! initial value, and at the end every frame is back in the pool. Each runs
+//! twice: faults served by workers, and in the faulting threads (`_in_thread`).
 
 use faultline::store::{FileOptions, Zero};
 use faultline::{FaultMode, MapOptions, MigrateError, PageSize};
@@ -129,7 +130,6 @@ fn stress_checksum_oracle() {
 }
 
 #[test]
-#[ignore = "in-thread mode is experimental: 3 failures in 248 loaded runs on 2026-11-27 (a fault lock held through teardown; one caught holder, a migration, mended; docs/design.md); run with --ignored"]
 fn stress_checksum_oracle_in_thread() {
     checksum_oracle(FaultMode::InThread);
 }
@@ -354,7 +354,6 @@ fn stress_store_backed_oracle() {
 }
 
 #[test]
-#[ignore = "in-thread mode is experimental: 3 failures in 248 loaded runs on 2026-11-27 (a fault lock held through teardown; one caught holder, a migration, mended; docs/design.md); run with --ignored"]
 fn stress_store_backed_oracle_in_thread() {
     store_backed_oracle(FaultMode::InThread);
 }
