@@ -191,7 +191,14 @@ pub(crate) unsafe fn move_range(
     holes: Holes,
     wake: bool,
 ) -> Result<(), MoveError> {
-    let req = Req::new(dst, src, len, holes, wake, Patience::Deadline);
+    let req = Req {
+        dst,
+        src,
+        len,
+        holes,
+        wake,
+        patience: Patience::Deadline,
+    };
     // SAFETY: the caller's contract.
     unsafe { move_within(core, req) }
 }
@@ -206,27 +213,6 @@ struct Req {
     holes: Holes,
     wake: bool,
     patience: Patience,
-}
-
-impl Req {
-    /// A move as its fields say.
-    fn new(
-        dst: usize,
-        src: usize,
-        len: usize,
-        holes: Holes,
-        wake: bool,
-        patience: Patience,
-    ) -> Req {
-        Req {
-            dst,
-            src,
-            len,
-            holes,
-            wake,
-            patience,
-        }
-    }
 }
 
 /// [`move_range`], retrying refused pages with `req.patience`.
@@ -332,7 +318,14 @@ pub(crate) unsafe fn move_back(
     holes: Holes,
     patience: Patience,
 ) -> Result<(), MoveError> {
-    let req = Req::new(dst, src, len, holes, false, patience);
+    let req = Req {
+        dst,
+        src,
+        len,
+        holes,
+        wake: false,
+        patience,
+    };
     // SAFETY: the caller's contract.
     unsafe { move_within(core, req) }
 }

@@ -151,20 +151,20 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         // Overhead a settle found no room for above `low`: freed on top of
         // the watermarks, or it would wait for faults to start a pass.
         let owed = crate::overhead::owed(core);
-        let (low, high) = (low + owed, high + owed);
+        let (start, stop) = (low + owed, high + owed);
         let mut free = budget::free_pages(core);
-        if free < low {
+        if free < start {
             // Pre-zeroed frames are free memory first (the zeroing
             // worker makes more once memory is plentiful again).
             if core.drain_reserve() > 0 {
                 free = budget::free_pages(core);
             }
         }
-        if free < low {
+        if free < start {
             // Faults do not kick while the pass runs (re-armed below).
             core.kick.arm(false);
             let started = Instant::now();
-            let freed = reclaim(core, high - free, None, || budget::free_pages(core) >= high);
+            let freed = reclaim(core, stop - free, None, || budget::free_pages(core) >= stop);
             last_pass = LastPass::since(started);
             // Nothing to take (pinned, zero-filled or busy pages): back off (doubling, up to IDLE_MAX)
             // instead of burning a CPU while the program idles. Faults
@@ -181,7 +181,7 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         // faults kicks the pass below the low watermark, and settled there
         // the overhead would never find free memory above it to withhold.
         if core.config.budget_counts_overhead && Instant::now() >= settle_at {
-            crate::overhead::settle(core, low - owed);
+            crate::overhead::settle(core, low);
             settle_at = Instant::now() + SETTLE_EVERY;
         }
         // Faults may wake this thread early unless it is backing off.

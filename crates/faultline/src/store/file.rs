@@ -130,8 +130,9 @@ impl FileOptions {
     /// completion for up to `spin` before it sleeps, instead of sleeping in
     /// `pread` at once. On a virtual machine whose idle vCPUs halt, waking a
     /// sleeping reader costs tens of µs of the host's; polling keeps the
-    /// vCPU running (random 4 KiB reads 20–30% faster measured on the
-    /// project's machine, docs/design.md "Polled reads"), and costs the CPU
+    /// vCPU running (random 4 KiB faults 8–36% faster measured on the
+    /// project's machine where a CPU was to spare, level or ~5% slower
+    /// where none was: docs/design.md "Polled reads"), and costs the CPU
     /// the poll burns: at most `spin` per read. `Duration::ZERO`: plain
     /// `pread`, sleeping. Buffered reads are never polled.
     pub fn poll(mut self, spin: Duration) -> FileOptions {
@@ -216,9 +217,9 @@ impl File {
     }
 
     /// How long a direct read of `len` bytes is polled for: a short read
-    /// (a fault's page or fault-around window) by [`FileOptions::poll`]; a
-    /// long one (a read-ahead run, read while the program works on the
-    /// previous one) not at all.
+    /// (a fault's page, a read-ahead run's first windows) by
+    /// [`FileOptions::poll`]; a long one (a read-ahead run, read while the
+    /// program works on the previous one) not at all.
     fn spin(&self, len: usize) -> Duration {
         if len <= POLL_MAX {
             self.poll
@@ -248,16 +249,16 @@ impl File {
     fn read_at(&self, page: u64, at: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let (mut done, mut eof) = (0, false);
         if let Some(d) = self.direct_for(at, buf.as_ptr(), buf.len()) {
-            let n_bytes = buf.len();
+            let spin = Some(self.spin(buf.len()));
             let half = self.staging.as_ref().and_then(|s| s.take(buf.len()));
             (done, eof) = match half {
                 Some(mut half) => {
                     let staged = half.bytes();
-                    let (n, eof) = pread_all(d, page, at, staged, Some(self.spin(n_bytes)))?;
+                    let (n, eof) = pread_all(d, page, at, staged, spin)?;
                     buf[..n].copy_from_slice(&staged[..n]);
                     (n, eof)
                 }
-                None => pread_all(d, page, at, buf, Some(self.spin(n_bytes)))?,
+                None => pread_all(d, page, at, buf, spin)?,
             };
         }
         if !eof && done < buf.len() {

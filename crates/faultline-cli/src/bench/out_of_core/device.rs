@@ -37,9 +37,6 @@ pub struct DeviceRow {
     pub mib_per_s: f64,
 }
 
-/// How long a polled read spins before it sleeps (the file store's default).
-const POLL: Duration = Duration::from_micros(200);
-
 /// Queue depth of the sequential measurement.
 const SEQ_DEPTH: usize = 4;
 /// Bytes per sequential read.
@@ -192,7 +189,10 @@ pub fn measure(
     // (`FileOptions::poll`'s default).
     for (io, spin) in [
         ("O_DIRECT pread 4 KiB", Duration::ZERO),
-        ("O_DIRECT 4 KiB, polled", POLL),
+        (
+            "O_DIRECT 4 KiB, polled",
+            faultline::store::FileOptions::new().poll,
+        ),
     ] {
         let t = Instant::now();
         match random_reads(&f, len, threads, ops, secs, spin) {

@@ -205,8 +205,7 @@ struct Measured {
 }
 
 /// Adds a mmap row; ratios against the unhinted and the best kernel row.
-fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_best: (f64, f64)) {
-    let (k_none, k_best) = k_best;
+fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none: f64, k_best: f64) {
     let (vs, vs_best) = (m.ops / k_none, m.ops / k_best);
     let Side {
         system,
@@ -298,7 +297,7 @@ fn run_pattern(
     let k_none = rows[0].ops;
     let k_best = rows[0].ops.max(rows[1].ops);
     for m in &rows {
-        push_row(report, s, pattern, m, (k_none, k_best));
+        push_row(report, s, pattern, m, k_none, k_best);
     }
     Ok(())
 }
