@@ -23,7 +23,7 @@ fn bench_far_memory_has_every_row() {
         .expect("run faultline");
     assert!(
         out.status.success(),
-        "bench far-memory failed (needs root, cgroup v1, redis-server): {}",
+        "bench far-memory failed (needs root, a memory cgroup controller (v1 or v2), redis-server): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");

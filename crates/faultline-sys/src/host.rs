@@ -87,37 +87,19 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
             best = Some((room, what));
         }
     };
-    if let Ok(cg) = std::fs::read_to_string("/proc/self/cgroup") {
-        for line in cg.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (_, ctrl, path) = (parts.next(), parts.next(), parts.next());
-            let (Some(ctrl), Some(path)) = (ctrl, path) else {
-                continue;
+    if let Some((version, dir)) = crate::cgroup::process_memory() {
+        let dir = dir.to_string_lossy();
+        if let (Some(limit), Some(usage)) = (
+            read_num(&format!("{dir}/{}", version.limit_file())),
+            read_num(&format!("{dir}/{}", version.usage_file())),
+        ) {
+            let drop = droppable(&dir, version.droppable_fields());
+            let used = usage.saturating_sub(drop);
+            let what = match version {
+                crate::cgroup::Version::V1 => "the memory cgroup (v1) limit",
+                crate::cgroup::Version::V2 => "the memory cgroup (v2) limit",
             };
-            if ctrl.split(',').any(|c| c == "memory") {
-                let dir = format!("/sys/fs/cgroup/memory{path}");
-                if let (Some(limit), Some(usage)) = (
-                    read_num(&format!("{dir}/memory.limit_in_bytes")),
-                    read_num(&format!("{dir}/memory.usage_in_bytes")),
-                ) {
-                    let drop = droppable(
-                        &dir,
-                        ["total_inactive_file", "total_dirty", "total_writeback"],
-                    );
-                    let used = usage.saturating_sub(drop);
-                    consider(limit.saturating_sub(used), "the memory cgroup (v1) limit");
-                }
-            } else if ctrl.is_empty() {
-                let dir = format!("/sys/fs/cgroup{path}");
-                if let (Some(limit), Some(usage)) = (
-                    read_num(&format!("{dir}/memory.max")),
-                    read_num(&format!("{dir}/memory.current")),
-                ) {
-                    let drop = droppable(&dir, ["inactive_file", "file_dirty", "file_writeback"]);
-                    let used = usage.saturating_sub(drop);
-                    consider(limit.saturating_sub(used), "the memory cgroup (v2) limit");
-                }
-            }
+            consider(limit.saturating_sub(used), what);
         }
     }
     if let Ok(mi) = std::fs::read_to_string("/proc/meminfo") {
@@ -205,6 +187,30 @@ pub fn thread_id() -> u32 {
 /// Number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The CPUs the calling thread may run on (its affinity mask,
+/// `sched_getaffinity`), ascending: a process confined by `taskset` or a
+/// cpuset gets only those. `[0]` if the mask cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the
+    // size passed, written by the kernel.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return vec![0];
+    }
+    let cpus: Vec<usize> = (0..8 * std::mem::size_of::<libc::cpu_set_t>())
+        // SAFETY: `cpu` lies inside the set (the range is its bit count).
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect();
+    if cpus.is_empty() {
+        vec![0]
+    } else {
+        cpus
+    }
 }
 
 /// Asks the kernel to start reading `[offset, offset + len)` of the open
@@ -400,6 +406,9 @@ mod tests {
         assert_eq!(page_size(), crate::PAGE_SIZE);
         assert!(current_cpu() < 4096);
         assert!(online_cpus() >= 1);
+        let allowed = allowed_cpus();
+        assert!(!allowed.is_empty() && allowed.is_sorted());
+        assert!(allowed.contains(&current_cpu()), "{allowed:?}");
         let a = cycles();
         let b = cycles();
         assert!(b >= a);

@@ -1,7 +1,7 @@
 //! Raw Linux interfaces for faultline, and the only crate in the workspace that
 //! makes system calls or ioctls.
 //!
-//! Five modules:
+//! Six modules:
 //! - [`uffd`]: a `userfaultfd` context — opening it, the `UFFDIO_API` handshake
 //!   that probes features at run time, (un)registration and the resolving
 //!   ioctls (`MOVE`, `COPY`, `ZEROPAGE`, `WRITEPROTECT`, `WAKE`, `POISON`).
@@ -9,7 +9,9 @@
 //!   structure is defined here by hand from `include/uapi/linux/userfaultfd.h`.
 //! - [`mem`]: anonymous mappings (an owning [`mem::Mapping`]), `madvise`.
 //! - [`host`]: facts about the machine (page size, physical memory, THP mode,
-//!   current CPU, cycle counter).
+//!   current CPU and the CPUs this process may use, cycle counter).
+//! - [`cgroup`]: memory cgroups on v1 and v2 (where mounted, this process's,
+//!   a child with a limit for the benches).
 //! - [`io`]: reads polled on a per-thread `io_uring` (the file store's direct reads).
 //! - [`signal`]: the SIGBUS handler's plumbing for faults served in the
 //!   faulting thread (install, read the siginfo, pass a signal on).
@@ -21,6 +23,7 @@
 //! No locks are taken here; every function is a thin wrapper around one
 //! system call.
 
+pub mod cgroup;
 pub mod host;
 pub mod io;
 pub mod mem;

@@ -2,14 +2,15 @@
 //! migration path. Pages of a region move between pool 0 and a second pool
 //! (another NUMA node where the machine has two, else a tier of the same
 //! node) with `Region::migrate_with`: one 4 KiB page, 512 x 4 KiB pages (one
-//! 2 MiB block), and one 2 MiB page; 1..N copy threads (the caller plus idle
-//! fault workers); the per-4 KiB copy loop (the pre-seed baseline) vs the
+//! 2 MiB block), and one 2 MiB page; copy threads 1, 2, 4, ... up to twice
+//! the CPUs (`--cpus`), the caller plus idle fault workers (the bench starts
+//! workers enough); the per-4 KiB copy loop (the pre-seed baseline) vs the
 //! chunked large copy. A plain `memcpy` of the same bytes between two warm
-//! buffers, on 1 and 2 threads, is the reference row.
+//! buffers, on 1, 2, 4, ... threads up to the CPUs, is the reference row.
 //!
 //! Then the cost to the fault path: a probe thread faults fresh 4 KiB pages
 //! of another region every 200 µs and times each fault, while nothing runs,
-//! and while 2 MiB migrations run back to back with 1 and with N threads.
+//! and while 2 MiB migrations run back to back with each thread count.
 //!
 //! Every region is touched and migrated once untimed first (this VM backs
 //! fresh memory lazily).
@@ -213,7 +214,19 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     };
     let nodes = faultline_sys::host::numa_nodes();
     let cross_node = nodes.len() >= 2;
-    let base = opts.config();
+    let mut base = opts.config();
+    // Copy threads 1, 2, 4, ... up to twice the CPUs: the caller plus idle
+    // workers, so there must be workers enough (a --workers below that
+    // caps the sweep instead).
+    let mut thread_counts = super::thread_sweep(base.cpus);
+    match opts.workers {
+        Some(w) => thread_counts.retain(|&t| t <= w + 1),
+        None => {
+            base.workers = base
+                .workers
+                .max(thread_counts.last().copied().unwrap_or(1) - 1)
+        }
+    }
     let workers = base.workers;
     let budget = 2 * region_len + 256 * MIB + 64 * MIB;
     let config = if cross_node {
@@ -224,11 +237,6 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         c.with_tier(2 * region_len)
     };
     let mm = ManagerBuilder::from_config(config).build()?;
-    let max_threads = (workers + 1).min(faultline_sys::host::online_cpus().max(2));
-    let mut thread_counts: Vec<usize> = vec![1, 2];
-    if max_threads > 2 {
-        thread_counts.push(max_threads);
-    }
     let mut report = Report::new(
         "migrate",
         vec![
@@ -244,12 +252,20 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         ],
     );
     report.config = json!({"region_bytes": region_len, "repetitions": reps, "workers": workers,
+        "cpus_sized_for": base.cpus, "copy_threads": thread_counts,
         "pools": if cross_node { "one per NUMA node" } else { "pool 0 + a tier on the same node" },
         "chunk_bytes": base.experiment.migrate_chunk});
     let mut rows: Vec<(String, &'static str, usize, &'static str, Summary, Summary)> = Vec::new();
-    // The memcpy reference.
-    let mut memcpy_gbps = std::collections::HashMap::new();
-    for t in [1usize, 2] {
+    // The memcpy reference, on as many threads as there are CPUs to run
+    // them (a spinning start barrier with more would time the scheduler).
+    let cpus = faultline_sys::host::online_cpus();
+    let memcpy_threads: Vec<usize> = thread_counts
+        .iter()
+        .copied()
+        .filter(|&t| t <= cpus)
+        .collect();
+    let mut memcpy_gbps = std::collections::BTreeMap::new();
+    for &t in &memcpy_threads {
         for nt in [false, true] {
             let mut s = memcpy_row(region_len, t, 20 * reps, nt);
             let s = Summary::of(&mut s);
@@ -270,7 +286,6 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         (cases.len() * methods.len() * thread_counts.len()) as u64,
         "migrate",
     );
-    let mut to = 1;
     for case in cases {
         let size = if case.page() == "2m" {
             PageSize::Huge2M
@@ -292,6 +307,12 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         };
         r.migrate_with(0..len, 1, warm)?;
         r.migrate_with(0..len, 0, warm)?;
+        // Every page is in pool 0 now: the first pass goes to pool 1, and
+        // each pass after it back the other way. (Carried over from the
+        // previous case, `to` pointed at pool 0 whenever that case ran an
+        // odd number of passes — 3 thread counts, as on 16 CPUs — and the
+        // first pass found nothing to move.)
+        let mut to = 1;
         for &method in &methods {
             for &threads in &thread_counts {
                 let plan = CopyPlan {
@@ -327,10 +348,11 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     for (case, page, threads, copy, s, c) in &rows {
         let gbps = HUGE as f64 / s.median / 1e3;
         let copy_gbps = HUGE as f64 / c.median / 1e3;
+        // The memcpy row with the most threads up to this row's.
         let reference = memcpy_gbps
-            .get(&(*threads).min(2))
-            .copied()
-            .unwrap_or(f64::NAN);
+            .range(..=*threads)
+            .next_back()
+            .map_or(f64::NAN, |(_, &g)| g);
         let vs = gbps / reference;
         report.rows.push(
             json!({"case": case, "page": page, "threads": threads, "copy": copy,
@@ -402,7 +424,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
     let st = mm.stats();
     report.notes.push(format!(
         "us_per_2mib: whole migration (move out, copy, move in, free) per 2 MiB, median (p10..p90); gb_per_s from it; \
-         copy_gb_per_s: the copy alone; vs_memcpy: gb_per_s over the memcpy row with the same thread count (max 2). \
+         copy_gb_per_s: the copy alone; vs_memcpy: gb_per_s over the memcpy row with the most threads up to this row's (memcpy runs on at most the CPUs). \
          {} copy chunks were taken by idle workers.",
         st.copy_chunks_helped
     ));

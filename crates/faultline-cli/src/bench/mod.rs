@@ -1,4 +1,4 @@
-//! `faultline bench <name>`: the experiments of BENCHMARKS.md, each on the
+//! `faultline bench <name>`: the experiments the README lists, each on the
 //! real fault path with its baseline chosen through `Config`, in one run.
 
 pub mod alloc;
@@ -23,9 +23,18 @@ pub struct BenchOpts {
     /// Smaller sizes: the whole run takes well under a minute.
     #[arg(long)]
     pub quick: bool,
-    /// Fault workers (default: one per CPU).
+    /// Fault workers (default: one per CPU, at most 4).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Size the manager, and the bench's thread counts, for this many CPUs
+    /// (default: the CPUs this process may run on): a run on a small
+    /// machine shaped as it would be on a large one.
+    #[arg(long)]
+    pub cpus: Option<usize>,
+    /// Wake one idle worker per fault event (`EPOLLEXCLUSIVE`) instead of
+    /// every idle worker.
+    #[arg(long)]
+    pub exclusive_wake: bool,
     /// Do not pin workers to CPUs.
     #[arg(long)]
     pub no_pin: bool,
@@ -60,6 +69,11 @@ impl BenchOpts {
     /// The manager configuration these options ask for.
     pub fn config(&self) -> Config {
         let mut c = Config::default();
+        if let Some(n) = self.cpus {
+            c.cpus = n;
+            c.workers = Config::default_workers(n);
+        }
+        c.experiment.exclusive_wake = self.exclusive_wake;
         if let Some(w) = self.workers {
             // The fault lock table follows: `experiment.fault_locks` stays
             // `None`, so the build derives it from the workers (the next
@@ -89,6 +103,17 @@ impl BenchOpts {
     }
 }
 
+/// Thread counts for a sweep on `cpus` CPUs: 1, 2, 4, ... up to twice the
+/// CPUs (the last one `2 x cpus` even when that is not a power of two).
+pub fn thread_sweep(cpus: usize) -> Vec<usize> {
+    let top = 2 * cpus.max(1);
+    let mut v: Vec<usize> = std::iter::successors(Some(1usize), |&t| Some(t * 2))
+        .take_while(|&t| t < top)
+        .collect();
+    v.push(top);
+    v
+}
+
 /// A progress bar on stderr (hidden when stderr is not a terminal).
 pub fn progress(len: u64, what: &str) -> ProgressBar {
     let bar = ProgressBar::new(len);
@@ -108,5 +133,18 @@ pub fn rng(seed: u64) -> impl FnMut() -> u64 {
         x ^= x >> 7;
         x ^= x << 17;
         x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thread_sweep;
+
+    #[test]
+    fn sweeps_reach_twice_the_cpus() {
+        assert_eq!(thread_sweep(1), vec![1, 2]);
+        assert_eq!(thread_sweep(2), vec![1, 2, 4]);
+        assert_eq!(thread_sweep(16), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(thread_sweep(12), vec![1, 2, 4, 8, 16, 24]);
     }
 }

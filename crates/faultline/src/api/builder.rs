@@ -67,6 +67,17 @@ impl ManagerBuilder {
         self
     }
 
+    /// Sizes the manager for `cpus` CPUs ([`Config::cpus`]) and sets the
+    /// worker count to its default for them ([`Config::default_workers`];
+    /// a later [`ManagerBuilder::workers`] overrides it). Above the
+    /// machine's count it builds the manager a larger machine would get:
+    /// more per-CPU frame lists, each with a smaller share of the pool.
+    pub fn cpus(mut self, cpus: usize) -> Self {
+        self.config.cpus = cpus;
+        self.config.workers = Config::default_workers(cpus);
+        self
+    }
+
     /// Whether workers are pinned one per CPU ([`Config::pin_workers`]).
     pub fn pin_workers(mut self, pin: bool) -> Self {
         self.config.pin_workers = pin;
@@ -169,7 +180,7 @@ impl ManagerBuilder {
                 pcp: config.experiment.pcp,
                 batch: config.experiment.pcp_batch,
                 high: config.experiment.pcp_high,
-                cpus: faultline_sys::host::online_cpus(),
+                cpus: config.cpus,
             },
         );
         let core = Arc::new(Core::new(config, uffd, pool, alloc, pagemap, deferred_fd));

@@ -67,11 +67,20 @@ pub struct Config {
     /// populated at build; the rest costs no memory until the budget grows
     /// and faults use it.
     pub budget_max: Option<usize>,
-    /// Fault-service worker threads. Default: one per online CPU.
+    /// Fault-service worker threads. Default [`Config::default_workers`]
+    /// of `cpus`: one per CPU up to 4.
     pub workers: usize,
-    /// Pin worker `i` to CPU `i % cpus`. On by default: a worker on the
-    /// faulting thread's CPU resolves a fault without a cross-CPU wake-up
-    /// (see docs/design.md, "Worker placement").
+    /// The number of CPUs faultline sizes its per-CPU structures for: one
+    /// per-CPU frame list each (and their share of the pool, see
+    /// [`crate::Experiment::pcp_high`]), and the default worker count.
+    /// Default: the CPUs this process may run on. A test or a bench sets
+    /// it above the machine's count to build a manager sized as it would
+    /// be on a larger machine (`ManagerBuilder::cpus`).
+    pub cpus: usize,
+    /// Pin worker `i` to the `i`-th CPU this process may run on (modulo
+    /// their number). On by default: a worker on the faulting thread's CPU
+    /// resolves a fault without a cross-CPU wake-up (see docs/design.md,
+    /// "Worker placement").
     pub pin_workers: bool,
     /// Fault-around for 4 KiB regions: a fault maps the aligned run of this
     /// many pages around the faulting one (all absent) with one frame run and
@@ -185,7 +194,8 @@ impl Default for Config {
         Config {
             budget: 256 << 20,
             budget_max: None,
-            workers: faultline_sys::host::online_cpus().max(1),
+            workers: Config::default_workers(faultline_sys::host::online_cpus()),
+            cpus: faultline_sys::host::online_cpus().max(1),
             pin_workers: true,
             fault_around: 16,
             prezero: true,
@@ -208,6 +218,20 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Most workers a default configuration starts, whatever the CPUs.
+    pub const DEFAULT_WORKERS_MAX: usize = 4;
+
+    /// The default worker count for a machine of `cpus` CPUs: one per CPU,
+    /// at most [`Config::DEFAULT_WORKERS_MAX`]. Every idle worker waits on
+    /// the one userfaultfd, and the kernel wakes every waiter for each
+    /// fault: on a 16-CPU guest a 4 KiB first touch took 56–62 µs with 16
+    /// workers and 28–34 µs with 2 or 4 (docs/design.md, "Worker
+    /// placement"). More workers serve more store reads at once: set
+    /// [`Config::workers`] for many threads faulting over a slow store.
+    pub fn default_workers(cpus: usize) -> usize {
+        cpus.clamp(1, Self::DEFAULT_WORKERS_MAX)
+    }
+
     /// One pool per online NUMA node, `bytes` each: pool 0 (the budget) on
     /// the first node, the others as extra pools. On a one-node machine this
     /// is just the budget, bound to node 0.
@@ -291,6 +315,13 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers == 0 {
             return Err(ConfigError::NoWorkers);
+        }
+        if !(1..=4096).contains(&self.cpus) {
+            return Err(ConfigError::OutOfRange {
+                field: "cpus",
+                value: self.cpus,
+                why: "1..=4096",
+            });
         }
         self.validate_budget()?;
         self.validate_ranges()?;

@@ -33,7 +33,10 @@ use std::time::{Duration, Instant};
 pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
     if core.config.pin_workers {
         // Best effort: a worker that cannot be pinned still serves faults.
-        let _ = host::pin_thread(worker % host::online_cpus());
+        // Only CPUs this process may run on (a cpuset or `taskset` may
+        // leave it CPUs 8-15, say).
+        let allowed = host::allowed_cpus();
+        let _ = host::pin_thread(allowed[worker % allowed.len()]);
     }
     core.worker_tids.lock().push(host::thread_id());
     let mut intake = Intake::new(&core);

@@ -12,6 +12,11 @@
 //!   zone-lock acquisition per call, and get contiguous runs where there are
 //!   any (fault-around and read-ahead move a run with one `UFFDIO_MOVE`).
 //! - `pcp = false` (the pre-seed baseline): every call takes the zone lock.
+//! - The lists together hold at most an eighth of the pool: `high` is cut to
+//!   `pages / (8 x lists)` (and `batch` to `high`), as the kernel sizes
+//!   `pcp->high` from the zone and the CPU count. Without it, 64 lists of
+//!   1024 frames would hide a 256 MiB pool from the buddy allocator, its
+//!   2 MiB runs and the reclaimer's free count.
 //!
 //! Invariant (checked by [`FrameAlloc::check`]):
 //! `buddy.free + sum(pcp[c].len) + outstanding = pages`, where `outstanding`
@@ -27,6 +32,9 @@ use super::pool::Frame;
 use crate::sync::{Mutex, SpinLock};
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The per-CPU lists together hold at most `1 / LISTS_SHARE` of the pool.
+const LISTS_SHARE: usize = 8;
 
 /// What the fault path needs from an allocator.
 pub trait FrameAllocator: Send + Sync + std::fmt::Debug {
@@ -108,6 +116,9 @@ impl FrameAlloc {
         let lists = if config.pcp { config.cpus.max(1) } else { 0 };
         let pages = buddy.pages();
         let free = buddy.free_pages();
+        // The lists' share of the pool: an eighth, split between them.
+        let share = (pages / (LISTS_SHARE * lists.max(1))).max(1);
+        let high = config.high.max(config.batch.max(1)).min(share);
         FrameAlloc {
             zone: CachePadded::new(Mutex::new(Zone {
                 buddy,
@@ -118,8 +129,8 @@ impl FrameAlloc {
                 .map(|_| CachePadded::new(SpinLock::new(Pcp::default())))
                 .collect(),
             config: AllocConfig {
-                batch: config.batch.max(1),
-                high: config.high.max(config.batch.max(1)),
+                batch: config.batch.clamp(1, high),
+                high,
                 ..config
             },
             pages,
@@ -140,7 +151,8 @@ impl FrameAlloc {
             .store(z.buddy.free_pages(), Ordering::Relaxed);
     }
 
-    /// The configuration in force.
+    /// The configuration in force (`high` and `batch` as cut to the
+    /// lists' share of the pool).
     #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
     pub fn config(&self) -> AllocConfig {
         self.config
@@ -172,6 +184,16 @@ impl FrameAlloc {
             return self.alloc_zone(order);
         }
         None
+    }
+
+    fn alloc_bulk_zone(&self, order: u8, n: usize, out: &mut Vec<Frame>) -> usize {
+        let mut z = self.zone.lock();
+        let mut idx = Vec::with_capacity(n);
+        let got = z.buddy.alloc_bulk(order, n, &mut idx);
+        z.outstanding += (got << order) as isize;
+        self.note(&z);
+        out.extend(idx.into_iter().map(|p| Frame::from_parts(p, order)));
+        got
     }
 
     fn alloc_zone(&self, order: u8) -> Option<Frame> {
@@ -234,12 +256,12 @@ impl FrameAllocator for FrameAlloc {
     }
 
     fn alloc_bulk(&self, order: u8, n: usize, out: &mut Vec<Frame>) -> usize {
-        let mut z = self.zone.lock();
-        let mut idx = Vec::with_capacity(n);
-        let got = z.buddy.alloc_bulk(order, n, &mut idx);
-        z.outstanding += (got << order) as isize;
-        self.note(&z);
-        out.extend(idx.into_iter().map(|p| Frame::from_parts(p, order)));
+        let got = self.alloc_bulk_zone(order, n, out);
+        // Short: the per-CPU lists may hold the rest (or buddies that merge
+        // into it), as in `alloc_on`.
+        if got < n && self.drain_all() > 0 {
+            return got + self.alloc_bulk_zone(order, n - got, out);
+        }
         got
     }
 
@@ -341,6 +363,58 @@ mod tests {
         assert!(a.pcp[1].lock().frames.len() <= 32, "drained above high");
         a.check();
         assert_eq!(a.free_pages(), 512);
+    }
+
+    /// Sized for 64 CPUs (on any machine): the lists together never hold
+    /// more than an eighth of the pool, and a bulk or 2 MiB allocation that
+    /// the zone alone cannot serve gets the frames the lists hold.
+    #[test]
+    fn many_cpu_lists_keep_to_their_share_and_give_frames_back() {
+        let pages = 8192;
+        let a = FrameAlloc::new(
+            pages,
+            AllocConfig {
+                pcp: true,
+                batch: 128,
+                high: 1024,
+                cpus: 64,
+            },
+        );
+        assert_eq!(a.config().high, pages / (8 * 64));
+        assert!(a.config().batch <= a.config().high);
+        let mut held: Vec<Frame> = Vec::new();
+        for i in 0..pages {
+            held.push(a.alloc_on(i % 64, 0).expect("a free frame"));
+        }
+        assert!(a.alloc_on(0, 0).is_none());
+        for (i, f) in held.drain(..).enumerate() {
+            a.free_on((i * 7) % 64, f);
+        }
+        let in_lists: usize = a.pcp.iter().map(|l| l.lock().frames.len()).sum();
+        assert!(
+            in_lists <= pages / 8,
+            "{in_lists} of {pages} frames in the lists"
+        );
+        a.check();
+        // Every free frame is reachable by a bulk request.
+        let mut all = Vec::new();
+        assert_eq!(a.alloc_bulk(0, pages, &mut all), pages);
+        a.free_bulk(&mut all);
+        for i in 0..pages {
+            held.push(a.alloc_on(i % 64, 0).expect("a free frame"));
+        }
+        for (i, f) in held.drain(..).enumerate() {
+            a.free_on(i % 64, f);
+        }
+        // And a 2 MiB run, whose pages may sit in the lists.
+        let huge: Vec<Frame> = (0..pages / 512)
+            .map(|_| a.alloc(9).expect("a 2 MiB run"))
+            .collect();
+        for f in huge {
+            a.free(f);
+        }
+        a.check();
+        assert_eq!(a.free_pages(), pages);
     }
 
     #[test]

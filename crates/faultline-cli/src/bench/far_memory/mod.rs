@@ -309,13 +309,14 @@ fn run_rows(
 
 fn notes(s: &Setup, report: &mut Report) {
     report.notes.push(format!(
-        "working set {} MiB, faultline budget {} MiB, memory cgroup limit {} MiB for every row (v1, \
+        "working set {} MiB, faultline budget {} MiB, memory cgroup limit {} MiB for every row ({}, \
          page cache dropped first); {THREADS} threads x up to {} ops of 4 KiB (8 bytes of one page), \
          at most {} s a row; each row's set is written first (untimed): the file, the Redis keys \
          through the region, the anonymous memory into swap.",
         s.len >> 20,
         s.budget >> 20,
         s.limit >> 20,
+        cgroup::hierarchy_name(),
         s.ops,
         s.secs
     ));

@@ -4,7 +4,7 @@
 //! the kernel's own `mmap` of the same file, twice: with no hint, and with
 //! the hint a user who knows the pattern gives (`MADV_RANDOM` for the random
 //! patterns, `MADV_SEQUENTIAL` for the sequential ones) — each run in a
-//! child process inside a memory cgroup (v1) with the same limit, page cache
+//! child process inside a memory cgroup (v1 or v2) with the same limit, page cache
 //! dropped before every run. faultline runs three ways: direct I/O served
 //! by workers (its defaults), buffered I/O served by workers, and direct
 //! I/O served in the faulting thread (`io`, `mode`). `vs_kernel` is against
@@ -374,11 +374,12 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
 
 fn notes(s: &Setup, report: &mut Report) {
     report.notes.push(format!(
-        "file {} MiB, memory cgroup limit {} MiB for every run (faultline budget {} MiB; its page-cache use counts \
+        "file {} MiB, memory cgroup limit {} MiB for every run ({}; faultline budget {} MiB; its page-cache use counts \
          against the same limit); page cache dropped before each run; {} threads x up to {} ops of 4 KiB, \
          at most {} s a run.",
         s.len >> 20,
         s.limit >> 20,
+        cgroup::hierarchy_name(),
         s.budget >> 20,
         s.threads,
         s.ops,
