@@ -53,6 +53,8 @@ pub fn machine() -> Value {
         "kernel": faultline_sys::host::kernel_release(),
         "memory_bytes": faultline_sys::host::physical_memory(),
         "thp": format!("{:?}", faultline_sys::host::thp_mode()),
+        "cgroup": faultline_sys::cgroup::Hierarchy::find()
+            .map_or_else(|e| e.to_string(), |h| h.version().to_string()),
     })
 }
 

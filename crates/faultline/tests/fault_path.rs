@@ -346,6 +346,48 @@ fn unservable_fault_is_reported() {
     assert_eq!(r.resident_pages(), 1);
 }
 
+/// Fault-around is for walks: a lone touch far from any other page maps
+/// its page alone; a touch next to a mapped page maps its whole window.
+#[test]
+fn fault_around_serves_walks_not_lone_touches() {
+    let mut config = faultline::Config::default();
+    config.budget = 16 * MIB;
+    config.fault_around = 16;
+    let mm = common::manager_with(config);
+    let r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
+    set_byte(&r, 100 * 4096, 1);
+    assert_eq!(r.resident_pages(), 1, "a lone touch in window 96..112");
+    set_byte(&r, 200 * 4096, 2);
+    assert_eq!(r.resident_pages(), 2, "another, in window 192..208");
+    // A walk from page 100 up: the rest of window 96..112 one page at a
+    // time (the window is no longer wholly absent), then window 112..128,
+    // whose neighbour below (page 111) is mapped: the whole window.
+    for p in 101..112 {
+        set_byte(&r, p * 4096, 3);
+    }
+    assert_eq!(r.resident_pages(), 13);
+    set_byte(&r, 112 * 4096, 4);
+    assert_eq!(
+        r.resident_pages(),
+        29,
+        "a walk into window 112..128 maps it whole"
+    );
+    // The region's first and last windows are walks' starts.
+    set_byte(&r, 0, 5);
+    set_byte(&r, MIB - 1, 6);
+    assert_eq!(r.resident_pages(), 61);
+    for (off, v) in [
+        (100 * 4096, 1),
+        (200 * 4096, 2),
+        (112 * 4096, 4),
+        (0, 5),
+        (MIB - 1, 6),
+    ] {
+        assert_eq!(byte(&r, off), v);
+    }
+    assert_eq!(byte(&r, 113 * 4096), 0);
+}
+
 #[test]
 fn fault_around_maps_aligned_runs() {
     for (fa, pcp) in [(16, true), (1, true), (16, false), (64, false)] {

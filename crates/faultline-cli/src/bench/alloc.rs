@@ -3,15 +3,20 @@
 //! per-CPU lists and fault-around switched on and off.
 //!
 //! Table: for batch sizes 1, 2, 4 ... 16384, a thread allocates `batch` 4 KiB
-//! frames, then frees them, over and over (about 2^20 pages per measurement);
-//! alloc and free are timed separately with the TSC, in ns per page. Modes:
-//! `global` (`pcp = false`: every call takes the zone lock), `pcp` (per-CPU
-//! lists), `bulk` (`alloc_bulk`/`free_bulk`: one zone-lock acquisition per
-//! batch). The TSC read pair's own cost (its median, measured first) is
-//! taken off every timed phase, as a kernel microbenchmark's loop overhead
-//! would be. With 2 threads, each is pinned to its own CPU and both run at once
-//! on one allocator. Each figure is the median of several repetitions; the
-//! spread is their min..max.
+//! frames, then frees them, over and over (about 2^20 pages per measurement),
+//! in ns per page. Modes: `global` (`pcp = false`: every call takes the zone
+//! lock), `pcp` (per-CPU lists), `bulk` (`alloc_bulk`/`free_bulk`: one
+//! zone-lock acquisition per batch). Threads 1, 2, 4, ... up to twice the
+//! CPUs (`--cpus`), all at once on one allocator, each pinned to a CPU in
+//! turn. Each figure is the median of several repetitions; the spread is
+//! their min..max.
+//!
+//! Timing: the total (alloc + free) is one TSC stretch around the whole
+//! loop, so no timer cost is in it or taken off it. Alloc and free apart
+//! need a timer read between the phases: they are given from batch 64 up
+//! only, where a phase is hundreds of times the cost of a TSC read pair
+//! (measured and reported); below that a phase is within the timer's own
+//! noise (a batch-1 alloc is a few ns) and the split is left out.
 
 use super::{progress, rng, BenchOpts};
 use crate::report::{Report, Summary};
@@ -49,7 +54,7 @@ fn tsc_per_ns() -> f64 {
 }
 
 /// Cycles one back-to-back pair of TSC reads costs (the timer's own
-/// overhead, subtracted from every timed phase).
+/// overhead), for the notes.
 fn timer_overhead() -> u64 {
     let mut v: Vec<u64> = (0..10_000)
         .map(|_| {
@@ -62,21 +67,30 @@ fn timer_overhead() -> u64 {
     v[v.len() / 2]
 }
 
-/// One thread's loop: returns (alloc cycles, free cycles, pages), the
-/// timer's overhead already taken off.
-fn run_loop(
-    a: &FrameAlloc,
-    mode: Mode,
-    batch: usize,
-    pages_total: usize,
-    cpu: usize,
-) -> (u64, u64, usize) {
+/// The smallest batch whose alloc and free phases are timed apart.
+const SPLIT_FROM_BATCH: usize = 64;
+
+/// What one thread's loop measured, in TSC cycles.
+#[derive(Clone, Copy, Default)]
+struct Looped {
+    /// The whole loop, one stretch.
+    total: u64,
+    /// The alloc phases, summed (0 below `SPLIT_FROM_BATCH`).
+    alloc: u64,
+    /// The free phases, summed (0 below `SPLIT_FROM_BATCH`).
+    free: u64,
+    pages: usize,
+}
+
+/// One thread's loop of alloc-`batch`-then-free-`batch` rounds.
+fn run_loop(a: &FrameAlloc, mode: Mode, batch: usize, pages_total: usize, cpu: usize) -> Looped {
     let iters = (pages_total / batch).max(1);
-    let overhead = timer_overhead();
+    let split = batch >= SPLIT_FROM_BATCH;
     let mut held: Vec<Frame> = Vec::with_capacity(batch);
     let (mut ca, mut cf) = (0u64, 0u64);
+    let start = host::cycles();
     for _ in 0..iters {
-        let t0 = host::cycles();
+        let t0 = if split { host::cycles() } else { 0 };
         match mode {
             Mode::Bulk => {
                 a.alloc_bulk(0, batch, &mut held);
@@ -89,7 +103,7 @@ fn run_loop(
                 }
             }
         }
-        let t1 = host::cycles();
+        let t1 = if split { host::cycles() } else { 0 };
         match mode {
             Mode::Bulk => a.free_bulk(&mut held),
             _ => {
@@ -98,15 +112,23 @@ fn run_loop(
                 }
             }
         }
-        let t2 = host::cycles();
-        ca += (t1 - t0).saturating_sub(overhead);
-        cf += (t2 - t1).saturating_sub(overhead);
+        if split {
+            let t2 = host::cycles();
+            ca += t1 - t0;
+            cf += t2 - t1;
+        }
     }
-    (ca, cf, iters * batch)
+    Looped {
+        total: host::cycles() - start,
+        alloc: ca,
+        free: cf,
+        pages: iters * batch,
+    }
 }
 
-/// One measurement: `threads` threads at once; ns per page (alloc, free),
-/// averaged over the threads.
+/// One measurement: `threads` threads at once; ns per page (alloc, free,
+/// total), averaged over the threads (alloc and free NaN below
+/// `SPLIT_FROM_BATCH`).
 fn measure(
     mode: Mode,
     threads: usize,
@@ -114,7 +136,7 @@ fn measure(
     pages_total: usize,
     cfg: AllocConfig,
     tpn: f64,
-) -> (f64, f64) {
+) -> (f64, f64, f64) {
     let a = FrameAlloc::new(
         cfg.cpus.max(threads) * 32768,
         AllocConfig {
@@ -123,37 +145,43 @@ fn measure(
         },
     );
     let barrier = Barrier::new(threads);
-    let per_thread: Vec<(u64, u64, usize)> = std::thread::scope(|s| {
+    let allowed = host::allowed_cpus();
+    let per_thread: Vec<Looped> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let (a, barrier) = (&a, &barrier);
+                // Pinned to a real CPU in turn; its list is the one of "CPU"
+                // t (of the CPUs the allocator is sized for), as a thread
+                // per CPU would use on a machine of that many.
+                let cpu = allowed[t % allowed.len()];
                 s.spawn(move || {
-                    let cpu = t % host::online_cpus();
                     let _ = host::pin_thread(cpu);
+                    let list = t % cfg.cpus.max(1);
                     // Warm-up: touches the lists and the zone once.
-                    run_loop(a, mode, batch, batch.max(1024), cpu);
+                    run_loop(a, mode, batch, batch.max(1024), list);
                     barrier.wait();
-                    run_loop(a, mode, batch, pages_total, cpu)
+                    run_loop(a, mode, batch, pages_total, list)
                 })
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or((0, 0, 1)))
+            .map(|h| h.join().unwrap_or_default())
             .collect()
     });
     a.check();
     let n = per_thread.len() as f64;
-    let alloc = per_thread
-        .iter()
-        .map(|&(ca, _, p)| ca as f64 / tpn / p as f64)
-        .sum::<f64>()
-        / n;
-    let free = per_thread
-        .iter()
-        .map(|&(_, cf, p)| cf as f64 / tpn / p as f64)
-        .sum::<f64>()
-        / n;
-    (alloc, free)
+    let per_page = |f: fn(&Looped) -> u64| {
+        per_thread
+            .iter()
+            .map(|l| f(l) as f64 / tpn / l.pages.max(1) as f64)
+            .sum::<f64>()
+            / n
+    };
+    let total = per_page(|l| l.total);
+    if batch < SPLIT_FROM_BATCH {
+        return (f64::NAN, f64::NAN, total);
+    }
+    (per_page(|l| l.alloc), per_page(|l| l.free), total)
 }
 
 /// Mean and median µs per 4 KiB page of first touches on a fresh region.
@@ -199,8 +227,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         pcp: true,
         batch: base.experiment.pcp_batch,
         high: base.experiment.pcp_high,
-        cpus: host::online_cpus(),
+        cpus: base.cpus,
     };
+    let overhead = timer_overhead();
     let mut report = Report::new(
         "alloc",
         vec![
@@ -213,14 +242,15 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
             "total_spread",
         ],
     );
+    let thread_counts = super::thread_sweep(base.cpus);
     report.config = json!({"pcp_batch": cfg.batch, "pcp_high": cfg.high, "pages_per_measurement": pages_total,
-        "repetitions": reps, "tsc_per_ns": tpn});
+        "repetitions": reps, "tsc_per_ns": tpn, "timer_pair_cycles": overhead,
+        "split_from_batch": SPLIT_FROM_BATCH, "cpus_sized_for": base.cpus, "threads": thread_counts});
     let batches: Vec<usize> = (0..)
         .map(|i| 1usize << i)
         .take_while(|&b| b <= max_batch)
         .collect();
     let modes = [Mode::Global, Mode::Pcp, Mode::Bulk];
-    let thread_counts = [1usize, 2];
     let bar = progress(
         (batches.len() * modes.len() * thread_counts.len() + 4) as u64,
         "alloc",
@@ -233,10 +263,10 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
                 let mut f = Vec::new();
                 let mut t = Vec::new();
                 for _ in 0..reps {
-                    let (x, y) = measure(mode, threads, batch, pages_total, cfg, tpn);
+                    let (x, y, z) = measure(mode, threads, batch, pages_total, cfg, tpn);
                     a.push(x);
                     f.push(y);
-                    t.push(x + y);
+                    t.push(z);
                 }
                 let (a, f, t) = (
                     Summary::of(&mut a),
@@ -244,6 +274,14 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
                     Summary::of(&mut t),
                 );
                 at_one.push((mode, threads, batch, t.median));
+                // NaN (the split not measured) is null in JSON, "-" here.
+                let split = |v: f64| {
+                    if v.is_nan() {
+                        "-".to_string()
+                    } else {
+                        format!("{v:.1}")
+                    }
+                };
                 report.rows.push(
                     json!({"kind": "alloc", "mode": mode.name(), "threads": threads, "batch": batch,
                     "alloc_ns": a.median, "free_ns": f.median, "total_ns": t.median,
@@ -253,8 +291,8 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
                     mode.name().into(),
                     threads.to_string(),
                     batch.to_string(),
-                    format!("{:.1}", a.median),
-                    format!("{:.1}", f.median),
+                    split(a.median),
+                    split(f.median),
                     format!("{:.1}", t.median),
                     format!("{:.1}..{:.1}", t.min, t.max),
                 ]);
@@ -315,14 +353,26 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
             &fault_rows
         )
     ));
+    let ratios: Vec<String> = thread_counts
+        .iter()
+        .map(|&th| {
+            let (p, g) = (find(Mode::Pcp, th, 1), find(Mode::Global, th, 1));
+            format!("threads {th}: pcp {p:.1} vs global {g:.1} ({:.1}x)", g / p)
+        })
+        .collect();
     report.notes.push(format!(
-        "\nbatch 1: pcp {:.1} ns vs global {:.1} ns per page (1 thread); 2 threads: pcp {:.1} vs global {:.1} ({:.1}x); bulk at 64: {:.1} ns",
-        find(Mode::Pcp, 1, 1),
-        find(Mode::Global, 1, 1),
-        find(Mode::Pcp, 2, 1),
-        find(Mode::Global, 2, 1),
-        find(Mode::Global, 2, 1) / find(Mode::Pcp, 2, 1),
+        "\nbatch 1, alloc + free per page: {}; bulk at 64, 1 thread: {:.1} ns",
+        ratios.join("; "),
         find(Mode::Bulk, 1, 64)
+    ));
+    report.notes.push(format!(
+        "totals are one timed stretch per thread; alloc_ns and free_ns are timed per phase from batch {SPLIT_FROM_BATCH} \
+         up ('-' below: a phase there is within the timer's noise); a TSC read pair costs {overhead} cycles \
+         ({:.1} ns) here; {} threads on {} CPUs (sized for {})",
+        overhead as f64 / tpn,
+        thread_counts.last().copied().unwrap_or(1),
+        host::online_cpus(),
+        base.cpus
     ));
     Ok(report)
 }

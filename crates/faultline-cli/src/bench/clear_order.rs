@@ -4,7 +4,10 @@
 //! demand; GB/s of the whole run, for each fill order of a 2 MiB frame, for
 //! pre-zeroed frames, and for the kernel's own THP first touch (`kernel`: the
 //! same writers on plain `MADV_HUGEPAGE` memory, warmed once so the host has
-//! backed it). Optionally with a cache-pressure thread streaming over 64 MiB.
+//! backed it). Writers 1, 2, 4, ... up to twice the CPUs (`--cpus`), each
+//! with a fault worker of its own (workers = writers, as in
+//! `parallel-fault`: the experiment is the fill, not the queue); and one
+//! writer with a cache-pressure thread streaming over 64 MiB.
 //!
 //! Besides throughput, for each order: cycles per cache line to read the
 //! faulting 4 KiB sub-page right after the fault returns (the fault is a
@@ -65,9 +68,15 @@ fn pressure(stop: &AtomicBool) {
     std::hint::black_box(&buf);
 }
 
-fn manager_for(v: Variant, budget: usize, base: &Config) -> anyhow::Result<Manager> {
+fn manager_for(
+    v: Variant,
+    budget: usize,
+    writers: usize,
+    base: &Config,
+) -> anyhow::Result<Manager> {
     let mut config = base.clone();
     config.budget = budget;
+    config.workers = config.workers.max(writers);
     config.experiment.fill_order = match v {
         Variant::Order(o) => o,
         _ => FillOrder::Sequential,
@@ -179,8 +188,13 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         ],
     );
     report.config = json!({"pages_per_writer": pages, "repetitions": reps, "page": "2m",
+        "workers": "at least the writers",
         "neighbourhood_subpages": faultline::internals::NEIGHBOURHOOD});
-    let cases: Vec<(usize, bool)> = vec![(1, false), (2, false), (1, true)];
+    let mut cases: Vec<(usize, bool)> = super::thread_sweep(base.cpus)
+        .into_iter()
+        .map(|w| (w, false))
+        .collect();
+    cases.push((1, true));
     let bar = progress((cases.len() * variants.len() * reps) as u64, "clear-order");
     for &(writers, with_pressure) in &cases {
         let mut kernel_gbps = f64::NAN;
@@ -191,7 +205,7 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
             let mm = if v == Variant::Kernel {
                 None
             } else {
-                Some(manager_for(v, budget, &base)?)
+                Some(manager_for(v, budget, writers, &base)?)
             };
             if let Some(mm) = &mm {
                 // Dirty every frame once (untimed).

@@ -170,9 +170,15 @@ pub(super) fn fill_frame(
 }
 
 /// The fault-around window `(first, count)` if it applies: a zero-filled
-/// region, a first attempt, the window wholly absent, and memory plentiful
+/// region, a first attempt, the window wholly absent, memory plentiful
 /// (more than a quarter of the pool free: pages mapped ahead of use must
-/// not starve pages that are asked for).
+/// not starve pages that are asked for), and the touch looking like part
+/// of a walk: the window is the region's first or last, or the page just
+/// before or just after it is there. A lone touch far from any other maps
+/// its page alone: fault-around costs such a touch half its time (4 KiB
+/// in-thread first touch, random order: 10.4 µs with the window against
+/// 6.2 µs without, on the 2-vCPU guest; 12-13 µs against 6.0-6.8 on a
+/// 16-CPU one) and fills the budget with pages nobody asked for.
 fn fault_around(
     core: &Core,
     region: &RegionInner,
@@ -186,9 +192,11 @@ fn fault_around(
         return None;
     }
     let w = region.fault_around_window(page)?;
-    w.clone()
-        .all(|p| region.state(p) == PageState::Absent)
-        .then(|| (w.start, w.len()))
+    // Neighbours' states are read without their locks: a hint, like the
+    // window's own (which its lock makes exact for the pages it covers).
+    let there = |p: usize| region.state(p) != PageState::Absent;
+    let walked = w.start == 0 || w.end >= region.pages() || there(w.start - 1) || there(w.end);
+    (walked && w.clone().all(|p| region.state(p) == PageState::Absent)).then(|| (w.start, w.len()))
 }
 
 /// The read-ahead run `(page, n, stream)` for a store-backed 4 KiB region:
