@@ -17,8 +17,9 @@ without a hint, and numpy.memmap with the hint a user would give it (its
 ``_mmap``'s ``madvise``: MADV_RANDOM for gathers, MADV_SEQUENTIAL for the
 sum).
 Median and spread (min..max) over ``--runs`` runs; JSON lines with
-``--json``. Root and the cgroup v1 memory controller
-(/sys/fs/cgroup/memory) are needed.
+``--json``. Root and a memory cgroup controller are needed: cgroup v1's
+``memory`` mount or cgroup v2 (found in /proc/self/mountinfo; on v2 the
+memory controller is enabled for the hierarchy root's children).
 
     python bench/out_of_core.py --runs 5            # 1 GiB file, 256 MiB budget, 320 MiB limit
 """
@@ -33,7 +34,55 @@ import sys
 import time
 
 MiB = 1 << 20
-CG_ROOT = "/sys/fs/cgroup/memory"
+
+
+def memory_hierarchy():
+    """(version, mount point) of the hierarchy holding the memory
+    controller: a cgroup v1 ``memory`` mount, else cgroup2 listing
+    ``memory`` in cgroup.controllers; None if neither."""
+    v1 = v2 = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(" "), right.split(" ")
+            if len(fields) < 5 or len(rest) < 3:
+                continue
+            point = fields[4].replace("\\040", " ")
+            if rest[0] == "cgroup" and "memory" in rest[2].strip().split(",") and v1 is None:
+                v1 = point
+            elif rest[0] == "cgroup2" and v2 is None:
+                v2 = point
+    if v1:
+        return 1, v1
+    if v2:
+        with open(os.path.join(v2, "cgroup.controllers")) as f:
+            if "memory" in f.read().split():
+                return 2, v2
+    return None
+
+
+def make_cgroup(limit):
+    """A fresh memory cgroup with ``limit`` bytes; its directory."""
+    found = memory_hierarchy()
+    if os.geteuid() != 0 or found is None:
+        sys.exit("needs root and a memory cgroup controller (cgroup v1 `memory` or cgroup v2)")
+    version, root = found
+    if version == 2:
+        control = os.path.join(root, "cgroup.subtree_control")
+        with open(control) as f:
+            enabled = f.read().split()
+        if "memory" not in enabled:
+            try:
+                with open(control, "w") as f:
+                    f.write("+memory")
+            except OSError as e:
+                sys.exit(f"cgroup v2: cannot enable the memory controller in {control}: {e}")
+    cg = os.path.join(root, f"faultline-issue20-bench-{os.getpid()}")
+    os.makedirs(cg, exist_ok=True)
+    name = "memory.limit_in_bytes" if version == 1 else "memory.max"
+    with open(os.path.join(cg, name), "w") as f:
+        f.write(str(limit))
+    return cg
 
 
 def child(args):
@@ -121,15 +170,10 @@ def main():
     if args.child:
         return child(args)
     limit = (args.limit_mib or args.budget_mib + 64) * MiB
-    if os.geteuid() != 0 or not os.path.isdir(CG_ROOT):
-        sys.exit("needs root and the cgroup v1 memory controller at " + CG_ROOT)
+    cg = make_cgroup(limit)
     make_file(args.path, args.data_mib)
-    cg = os.path.join(CG_ROOT, f"faultline-issue20-bench-{os.getpid()}")
-    os.makedirs(cg, exist_ok=True)
     results = {}
     try:
-        with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(limit))
         for run in range(args.runs):
             for pattern in args.patterns.split(","):
                 for side in sides(args, pattern):

@@ -110,9 +110,13 @@ impl Server {
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
         let mut last = None;
         for _ in 0..5 {
+            // Made anew for every try: a failed try's server, dropped,
+            // removes it (before, the retries after a lost port race all
+            // started redis-server in a directory that was gone, and each
+            // exited at once).
+            std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
             let mut s = Server {
                 port: free_port(bus)?,
                 dir: dir.clone(),
