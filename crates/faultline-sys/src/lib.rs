@@ -1,7 +1,7 @@
 //! Raw Linux interfaces for faultline, and the only crate in the workspace that
 //! makes system calls or ioctls.
 //!
-//! Five modules:
+//! Six modules:
 //! - [`uffd`]: a `userfaultfd` context — opening it, the `UFFDIO_API` handshake
 //!   that probes features at run time, (un)registration and the resolving
 //!   ioctls (`MOVE`, `COPY`, `ZEROPAGE`, `WRITEPROTECT`, `WAKE`, `POISON`).
@@ -11,6 +11,8 @@
 //! - [`host`]: facts about the machine (page size, physical memory, THP mode,
 //!   current CPU, cycle counter).
 //! - [`io`]: reads polled on a per-thread `io_uring` (the file store's direct reads).
+//! - [`lock`]: open-file-description byte-range locks (`F_OFD_SETLK`), which
+//!   keep a file range mapped writable by one process only.
 //! - [`signal`]: the SIGBUS handler's plumbing for faults served in the
 //!   faulting thread (install, read the siginfo, pass a signal on).
 //!
@@ -23,6 +25,7 @@
 
 pub mod host;
 pub mod io;
+pub mod lock;
 pub mod mem;
 pub mod signal;
 pub mod uffd;
