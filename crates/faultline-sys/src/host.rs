@@ -294,6 +294,19 @@ pub fn reopen_direct(file: &std::fs::File, writable: bool) -> std::io::Result<st
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
+/// `file` opened again (`/proc/self/fd/N`, close-on-exec): a new open file
+/// description of the same file (it works for a deleted file too), for
+/// reading, and for writing if `writable`.
+pub fn reopen(file: &std::fs::File, writable: bool) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
 /// Minor page faults the calling thread has taken (`getrusage`).
 pub fn thread_minor_faults() -> i64 {
     // SAFETY: rusage is plain data; all-zero is a valid value.

@@ -13,6 +13,8 @@
 //! - [`cgroup`]: memory cgroups on v1 and v2 (where mounted, this process's,
 //!   a child with a limit for the benches).
 //! - [`io`]: reads polled on a per-thread `io_uring` (the file store's direct reads).
+//! - [`lock`]: open-file-description byte-range locks (`F_OFD_SETLK`), which
+//!   keep a file range mapped writable by one process only.
 //! - [`signal`]: the SIGBUS handler's plumbing for faults served in the
 //!   faulting thread (install, read the siginfo, pass a signal on).
 //!
@@ -26,6 +28,7 @@
 pub mod cgroup;
 pub mod host;
 pub mod io;
+pub mod lock;
 pub mod mem;
 pub mod signal;
 pub mod uffd;

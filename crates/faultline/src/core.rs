@@ -9,9 +9,10 @@
 //! region ids grow monotonically (`next_id`), so an event's stamp tells
 //! which regions were mapped after it was read.
 //!
-//! Locks: `errors`, `objects`, `deferred`, `worker_tids`, `reserve`,
-//! `trace`, `copy_jobs`, `hand` and the `kick`'s mutex are leaf mutexes
-//! (nothing else is taken while one is held).
+//! Locks: `errors`, `deferred`, `worker_tids`, `reserve`, `trace`,
+//! `copy_jobs`, `hand` and the `kick`'s mutex are leaf mutexes (nothing
+//! else is taken while one is held); under `objects`, only the process-wide
+//! registry of file ranges (`exclusive.rs`, a leaf) is taken.
 
 use crate::config::Config;
 use crate::copyjob::CopyJob;
@@ -90,8 +91,8 @@ pub(crate) struct Core {
     /// queue before the poisoned access's SIGBUS asks for its cause. A
     /// leaf lock.
     causes: Mutex<VecDeque<(usize, String)>>,
-    /// The object ranges mapped by live regions (a leaf lock, taken at map
-    /// and teardown).
+    /// The object ranges mapped by live regions (taken at map and
+    /// teardown; the process-wide file registry is taken under it).
     objects: Mutex<Vec<ObjectUse>>,
     /// Unmap events read but not yet handled (see [`Core::await_unmaps`]).
     unmaps_pending: AtomicUsize,
@@ -225,9 +226,26 @@ impl Core {
         self.next_id.fetch_add(1, Ordering::AcqRel)
     }
 
-    /// Forgets region `id`'s object range ([`Core::claim_object`]).
+    /// Forgets region `id`'s object range ([`Core::claim_object`]), and
+    /// lets its file range go (unlocked, out of the process's registry).
     pub(crate) fn release_object(&self, id: u64) {
+        // Under `objects` (the order `claim_object` takes them in), so a map
+        // of this manager never finds the range free here but still held in
+        // the process.
         self.objects.lock().retain(|u| u.region != id);
+    }
+
+    /// Records region `id`'s address in its file claim, if it has one (for
+    /// errors that name it: [`crate::FileHolder::Region`]).
+    pub(crate) fn object_mapped(&self, id: u64, addr: usize) {
+        let uses = self.objects.lock();
+        if let Some(claim) = uses
+            .iter()
+            .find(|u| u.region == id)
+            .and_then(|u| u.file.as_ref())
+        {
+            claim.mapped_at(addr);
+        }
     }
 
     /// Starts shutdown: background threads see [`Core::is_stopping`].
@@ -282,14 +300,19 @@ impl Core {
         f
     }
 
-    /// Records that region `id` maps `len` bytes of `store`'s object, if it
-    /// names one; refuses an overlap with another region's range of the same
-    /// object when either may write. Returns whether a use was recorded.
+    /// Records that region `id` (of manager number `manager`) maps `len`
+    /// bytes of `store`'s object, if it names one; refuses an overlap with
+    /// another region's range of the same object when either may write
+    /// ([`MapError::Overlaps`]). If the object is a file
+    /// ([`Store::file`]), also claims its range in the whole process and
+    /// locks it against other processes ([`MapError::FileInUse`],
+    /// `exclusive.rs`). Returns whether a use was recorded.
     pub(crate) fn claim_object(
         &self,
         id: u64,
         store: &dyn Store,
         len: usize,
+        manager: u32,
     ) -> Result<bool, MapError> {
         let Some((object, start)) = store.identity() else {
             return Ok(false);
@@ -311,12 +334,17 @@ impl Core {
                 other_end: u.end,
             });
         }
+        let file = match store.file() {
+            Some(f) => Some(crate::exclusive::claim(f, start, end, writable, manager)?),
+            None => None,
+        };
         uses.push(ObjectUse {
             region: id,
             object,
             start,
             end,
             writable,
+            file,
         });
         Ok(true)
     }
@@ -468,12 +496,15 @@ impl Core {
 }
 
 /// One region's use of a named object (a file): `(region id, object,
-/// byte range, writable)`; see [`MapError::Overlaps`].
-#[derive(Debug, Clone, Copy)]
+/// byte range, writable)`, and for a file its claim in the process and its
+/// lock (dropped with the use); see [`MapError::Overlaps`],
+/// [`MapError::FileInUse`].
+#[derive(Debug)]
 struct ObjectUse {
     region: u64,
     object: u64,
     start: u64,
     end: u64,
     writable: bool,
+    file: Option<crate::exclusive::FileClaim>,
 }

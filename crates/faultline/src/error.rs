@@ -154,10 +154,12 @@ pub enum MapError {
         len: usize,
     },
     /// Another region of this manager maps an overlapping range of the same
-    /// object (file), and one of the two may write it: their pages would
-    /// be separate copies, and one region's write-back would overwrite the
-    /// other's writes. Map the object once and share the region, or map
-    /// both read-only.
+    /// object (a file, or a store's named object), and one of the two may
+    /// write it: their pages would be separate copies, and one region's
+    /// write-back would overwrite the other's writes. Map the object once
+    /// and share the region, or map both read-only. A file range that a
+    /// region of *another* manager, or another process, maps is
+    /// [`MapError::FileInUse`].
     #[error(
         "bytes {start}..{end} of this store's object overlap bytes {other_start}..{other_end} \
          mapped writable by another region; two regions over one object range are not coherent"
@@ -171,6 +173,43 @@ pub enum MapError {
         other_start: u64,
         /// End of the other region's object bytes.
         other_end: u64,
+    },
+    /// A file range that is mapped elsewhere, with one of the two mappings
+    /// writable: by a region of another manager of this process, or by
+    /// another process (or anything else holding a byte-range lock on it).
+    /// Two mappings of one file range keep two copies of its pages: one
+    /// region's write-back overwrites the other's writes, or a read-only
+    /// region reads stale bytes. Two read-only regions may share a range.
+    ///
+    /// Within a process, faultline keeps a registry of the file ranges its
+    /// regions map (keyed by the file's device and inode); across processes,
+    /// each file region holds an open-file-description lock on its range
+    /// (`fcntl(F_OFD_SETLK)`: a write lock for a writable region, a read
+    /// lock for a read-only one) from the map until the region is dropped
+    /// (or closed). The locks are advisory: a program that writes the file
+    /// with `write(2)` is not stopped (docs/reliability.md). Regions of one
+    /// manager get [`MapError::Overlaps`] instead.
+    #[error(
+        "bytes {start}..{end} of the file (device {}, inode {inode}) cannot be mapped {}: \
+         {holder}; two mappings of one file range, one of them writable, are not coherent \
+         (each keeps its own copy of the pages: one's write-back overwrites the other's \
+         writes, or the other reads stale bytes)",
+        DeviceNumber(*.device),
+        if *.writable { "writable" } else { "read-only" }
+    )]
+    FileInUse {
+        /// File bytes asked for.
+        start: u64,
+        /// End of the file bytes asked for.
+        end: u64,
+        /// Whether the region asked for was writable.
+        writable: bool,
+        /// The file's device (`st_dev`).
+        device: u64,
+        /// The file's inode number (`st_ino`).
+        inode: u64,
+        /// Who maps (or locks) the range.
+        holder: FileHolder,
     },
     /// The store's offset plus the region's length does not fit in a file
     /// offset (`off_t`, 63 bits): it would wrap around to the object's
@@ -210,6 +249,109 @@ pub enum MapError {
     /// A system call failed.
     #[error("{0}")]
     Sys(#[from] SysError),
+}
+
+/// Who holds a file range that [`MapError::FileInUse`] refuses to map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileHolder {
+    /// A region of another manager of this process.
+    Region {
+        /// The manager's number in the process (the `<n>` of its stats
+        /// file, `/dev/shm/faultline/<pid>-<n>`).
+        manager: u32,
+        /// The region's address (0 while that region is still being
+        /// mapped).
+        addr: usize,
+        /// The file bytes it maps.
+        start: u64,
+        /// End of the file bytes it maps.
+        end: u64,
+        /// Whether it is writable.
+        writable: bool,
+    },
+    /// A byte-range lock on the file that conflicts: another process's
+    /// faultline region, or any other holder of an `fcntl` lock.
+    Lock {
+        /// The process holding it, where the kernel names one (a classic
+        /// `F_SETLK` record lock); `None` for an open-file-description lock
+        /// (`F_OFD_GETLK` reports -1: such a lock belongs to an open file
+        /// description, which several processes may share — a faultline
+        /// region in another process, or a description this process opened
+        /// outside faultline).
+        pid: Option<u32>,
+        /// The locked bytes.
+        start: u64,
+        /// Their end; `None`: to the end of the file, however far it grows.
+        end: Option<u64>,
+        /// A write lock (else a read lock).
+        writable: bool,
+    },
+}
+
+impl std::fmt::Display for FileHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            FileHolder::Region {
+                manager,
+                addr,
+                start,
+                end,
+                writable,
+            } => {
+                let mode = if writable { "writable" } else { "read-only" };
+                write!(f, "bytes {start}..{end} are mapped {mode} by ")?;
+                if addr == 0 {
+                    write!(
+                        f,
+                        "a region being mapped by manager {manager} in this process"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "the region at {addr:#x} of manager {manager} in this process"
+                    )
+                }
+            }
+            FileHolder::Lock {
+                pid,
+                start,
+                end,
+                writable,
+            } => {
+                match end {
+                    Some(end) => write!(f, "bytes {start}..{end}")?,
+                    None => write!(f, "bytes {start}.. (to the end of the file)")?,
+                }
+                let kind = if writable { "writing" } else { "reading" };
+                match pid {
+                    Some(pid) => write!(
+                        f,
+                        " are locked for {kind} by process {pid} (a record lock, fcntl F_SETLK)"
+                    ),
+                    None => write!(
+                        f,
+                        " are locked for {kind} by another process (or by another open file \
+                         description of this process: the kernel does not name the owner of an \
+                         open-file-description lock, the kind a faultline region holds)"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// A device number (`st_dev`) shown as `major:minor`.
+struct DeviceNumber(u64);
+
+impl std::fmt::Display for DeviceNumber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // glibc's encoding (`gnu_dev_major`/`gnu_dev_minor`).
+        let d = self.0;
+        let major = ((d >> 8) & 0xfff) | ((d >> 32) & 0xffff_f000);
+        let minor = (d & 0xff) | ((d >> 12) & 0xffff_ff00);
+        write!(f, "{major}:{minor}")
+    }
 }
 
 /// A bad address passed to an API call.

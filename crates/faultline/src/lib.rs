@@ -36,6 +36,7 @@ mod core;
 mod dirty;
 mod discard;
 mod error;
+mod exclusive;
 mod fault;
 mod fill;
 mod frame;
@@ -62,7 +63,7 @@ pub use config::{
     MapOptions, PageSize, PoolSpec,
 };
 pub use discard::Discard;
-pub use error::{AddrError, BudgetError, BuildError, FaultError, MapError};
+pub use error::{AddrError, BudgetError, BuildError, FaultError, FileHolder, MapError};
 pub use frame::PoolId;
 pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};

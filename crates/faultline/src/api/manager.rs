@@ -1,14 +1,16 @@
 //! [`Manager`]: the handle a program holds. It maps regions (checking every
 //! argument: zero, unaligned and oversized lengths, offsets that would wrap,
 //! a read-only store behind a writable region, another region over the same
-//! object range), and reports statistics and fault errors.
+//! object range, a file range mapped by another manager or process), and
+//! reports statistics and fault errors.
 //!
 //! Mapping a region: check the arguments → claim the store's object range
 //! (`core.rs: claim_object`) → a fresh anonymous mapping not inside another
 //! region's range → `MADV_NOHUGEPAGE` + `MADV_DONTFORK` → register it with
 //! the userfaultfd (missing-page faults) → publish it in the region table.
 //! From then on its first touches fault into the workers. Locks: the
-//! object registry's and the region table's (leaves).
+//! object registry's (and under it the process-wide file registry's) and
+//! the region table's.
 
 use super::region::{Access, ReadOnly, ReadWrite, Region};
 use super::service::Service;
@@ -65,7 +67,10 @@ impl Manager {
     /// THP; a store that cannot keep writes, unless the region is pinned
     /// ([`MapError::ReadOnlyStore`]: use [`Manager::map_read_only`] or
     /// [`MapOptions::pinned`]); the store's object range mapped
-    /// writable by another region; a failed system call, with its errno.
+    /// writable by another region of this manager
+    /// ([`MapError::Overlaps`]); a file range mapped by a region of another
+    /// manager or process, one of the two writable
+    /// ([`MapError::FileInUse`]); a failed system call, with its errno.
     pub fn map(
         &self,
         len: usize,
@@ -119,10 +124,13 @@ impl Manager {
         }
         let core = self.core();
         let id = core.next_region_id();
-        let claim = core.claim_object(id, store.as_ref(), len)?;
+        let claim = core.claim_object(id, store.as_ref(), len, self.number)?;
         let mapped = self.map_range(id, len, store, opts);
-        if mapped.is_err() && claim {
-            core.release_object(id);
+        match &mapped {
+            Ok(inner) if claim => core.object_mapped(id, inner.start()),
+            Ok(_) => {}
+            Err(_) if claim => core.release_object(id),
+            Err(_) => {}
         }
         mapped.map(|inner| Region::new(inner, Arc::clone(&self.service)))
     }

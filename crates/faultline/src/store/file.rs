@@ -13,8 +13,10 @@
 //! makes writes durable. The kernel keeps the two paths coherent (a direct
 //! read writes back dirty cached pages of its range first; a direct write
 //! drops them). Its identity (device and inode) lets the manager refuse two
-//! writable regions over one range. Locks: only a staging half's, tried
-//! (the kernel orders concurrent `pread`/`pwrite` on one file).
+//! writable regions over one range, and its file ([`Store::file`]) lets it
+//! refuse a range that another manager or process maps (`exclusive.rs`).
+//! Locks: only a staging half's, tried (the kernel orders concurrent
+//! `pread`/`pwrite` on one file).
 
 use super::staging::Staging;
 use super::{Store, StoreError};
@@ -393,6 +395,10 @@ impl Store for File {
 
     fn identity(&self) -> Option<(u64, u64)> {
         Some((self.identity, self.offset))
+    }
+
+    fn file(&self) -> Option<&std::fs::File> {
+        Some(&self.file)
     }
 
     fn own_memory(&self) -> usize {

@@ -198,6 +198,17 @@ pub trait Store: Send + Sync + Debug {
         None
     }
 
+    /// The file whose bytes `[identity().1, identity().1 + region length)`
+    /// the store's pages are, if its object is a file: the manager then
+    /// refuses to map that range while a region of another manager of this
+    /// process, or another process, maps it with one of the two writable,
+    /// and locks it for the region's life (an open-file-description lock on
+    /// a description of its own: [`crate::MapError::FileInUse`]). `None`
+    /// (the default): no file, or a store that keeps its own coherence.
+    fn file(&self) -> Option<&std::fs::File> {
+        None
+    }
+
     /// Bytes of memory the store keeps for its region beyond the frames now
     /// (a file store's staging page, once made: [`FileOptions::staged`]).
     /// The budget pays for them as for the region's page tables
@@ -270,6 +281,10 @@ impl Store for ReadOnlyView {
         self.0.identity()
     }
 
+    fn file(&self) -> Option<&std::fs::File> {
+        self.0.file()
+    }
+
     fn own_memory(&self) -> usize {
         self.0.own_memory()
     }
@@ -340,6 +355,9 @@ impl Store for Guarded {
     fn identity(&self) -> Option<(u64, u64)> {
         self.quiet(None, || self.0.identity())
     }
+    fn file(&self) -> Option<&std::fs::File> {
+        self.quiet(None, || self.0.file())
+    }
     fn own_memory(&self) -> usize {
         self.quiet(0, || self.0.own_memory())
     }
@@ -403,6 +421,10 @@ impl<S: Store> Store for Delayed<S> {
 
     fn identity(&self) -> Option<(u64, u64)> {
         self.inner.identity()
+    }
+
+    fn file(&self) -> Option<&std::fs::File> {
+        self.inner.file()
     }
 
     fn own_memory(&self) -> usize {
