@@ -11,21 +11,20 @@
 //!
 //! Locks: `errors`, `deferred`, `worker_tids`, `reserve`, `trace`,
 //! `copy_jobs`, `hand` and the `kick`'s mutex are leaf mutexes (nothing
-//! else is taken while one is held); under `objects`, only the process-wide
-//! registry of file ranges (`exclusive.rs`, a leaf) is taken.
+//! else is taken while one is held); `objects` is `objects.rs`'s.
 
 use crate::config::Config;
 use crate::copyjob::CopyJob;
 use crate::dirty::Fingerprints;
-use crate::error::{FaultError, MapError};
+use crate::error::FaultError;
 use crate::frame::{Balloon, Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
+use crate::objects::Objects;
 use crate::own_remove::OwnRemoves;
 use crate::region::{OverheadSum, RegionTable};
 use crate::removals::Retries;
 use crate::stats::Stats;
-use crate::store::Store;
 use faultline_sys::mem::PageMap;
 use faultline_sys::uffd::{Event, EventFd, Uffd};
 use faultline_sys::SysError;
@@ -93,7 +92,7 @@ pub(crate) struct Core {
     causes: Mutex<VecDeque<(usize, String)>>,
     /// The object ranges mapped by live regions (taken at map and
     /// teardown; the process-wide file registry is taken under it).
-    objects: Mutex<Vec<ObjectUse>>,
+    pub(crate) objects: Objects,
     /// Unmap events read but not yet handled (see [`Core::await_unmaps`]).
     unmaps_pending: AtomicUsize,
     /// Threads inside [`Core::read_events`] (their unmap events are not
@@ -182,7 +181,7 @@ impl Core {
             errors: Mutex::new(VecDeque::new()),
             errors_cv: parking_lot::Condvar::new(),
             causes: Mutex::new(VecDeque::new()),
-            objects: Mutex::new(Vec::new()),
+            objects: Objects::default(),
             unmaps_pending: AtomicUsize::new(0),
             readers: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -224,28 +223,6 @@ impl Core {
     /// [`Core::region_stamp`].
     pub(crate) fn next_region_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::AcqRel)
-    }
-
-    /// Forgets region `id`'s object range ([`Core::claim_object`]), and
-    /// lets its file range go (unlocked, out of the process's registry).
-    pub(crate) fn release_object(&self, id: u64) {
-        // Under `objects` (the order `claim_object` takes them in), so a map
-        // of this manager never finds the range free here but still held in
-        // the process.
-        self.objects.lock().retain(|u| u.region != id);
-    }
-
-    /// Records region `id`'s address in its file claim, if it has one (for
-    /// errors that name it: [`crate::FileHolder::Region`]).
-    pub(crate) fn object_mapped(&self, id: u64, addr: usize) {
-        let uses = self.objects.lock();
-        if let Some(claim) = uses
-            .iter()
-            .find(|u| u.region == id)
-            .and_then(|u| u.file.as_ref())
-        {
-            claim.mapped_at(addr);
-        }
     }
 
     /// Starts shutdown: background threads see [`Core::is_stopping`].
@@ -298,55 +275,6 @@ impl Core {
             self.reserve_cv.notify_one();
         }
         f
-    }
-
-    /// Records that region `id` (of manager number `manager`) maps `len`
-    /// bytes of `store`'s object, if it names one; refuses an overlap with
-    /// another region's range of the same object when either may write
-    /// ([`MapError::Overlaps`]). If the object is a file
-    /// ([`Store::file`]), also claims its range in the whole process and
-    /// locks it against other processes ([`MapError::FileInUse`],
-    /// `exclusive.rs`). Returns whether a use was recorded.
-    pub(crate) fn claim_object(
-        &self,
-        id: u64,
-        store: &dyn Store,
-        len: usize,
-        manager: u32,
-    ) -> Result<bool, MapError> {
-        let Some((object, start)) = store.identity() else {
-            return Ok(false);
-        };
-        // Object offsets are `off_t`: past `i64::MAX` every read fails.
-        let end = match start.checked_add(len as u64) {
-            Some(end) if end <= i64::MAX as u64 => end,
-            _ => return Err(MapError::OffsetOverflow { offset: start, len }),
-        };
-        let writable = store.writable();
-        let mut uses = self.objects.lock();
-        if let Some(u) = uses.iter().find(|u| {
-            u.object == object && u.start < end && start < u.end && (u.writable || writable)
-        }) {
-            return Err(MapError::Overlaps {
-                start,
-                end,
-                other_start: u.start,
-                other_end: u.end,
-            });
-        }
-        let file = match store.file() {
-            Some(f) => Some(crate::exclusive::claim(f, start, end, writable, manager)?),
-            None => None,
-        };
-        uses.push(ObjectUse {
-            region: id,
-            object,
-            start,
-            end,
-            writable,
-            file,
-        });
-        Ok(true)
     }
 
     /// Reads pending userfaultfd events into the deferred queue for the
@@ -493,18 +421,4 @@ impl Core {
             }
         }
     }
-}
-
-/// One region's use of a named object (a file): `(region id, object,
-/// byte range, writable)`, and for a file its claim in the process and its
-/// lock (dropped with the use); see [`MapError::Overlaps`],
-/// [`MapError::FileInUse`].
-#[derive(Debug)]
-struct ObjectUse {
-    region: u64,
-    object: u64,
-    start: u64,
-    end: u64,
-    writable: bool,
-    file: Option<crate::exclusive::FileClaim>,
 }

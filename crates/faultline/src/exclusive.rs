@@ -3,7 +3,7 @@
 //! machine. Two regions over one range keep two copies of its pages, so one
 //! region's write-back overwrites the other's writes (or a read-only one
 //! reads stale bytes). A manager refuses that among its own regions
-//! (`Core::claim_object`, [`MapError::Overlaps`]); this module does it
+//! (`objects.rs`, [`MapError::Overlaps`]); this module does it
 //! across managers and processes, for stores that name their file
 //! ([`crate::Store::file`]):
 //!

@@ -45,6 +45,7 @@ mod locks;
 mod memops;
 mod migrate;
 mod nesting;
+mod objects;
 mod overhead;
 mod own_remove;
 mod pagemove;

@@ -19,6 +19,8 @@ const LAYERS: &[&str] = &[
     "store",
     "frame",
     "error",
+    "exclusive",
+    "objects",
     "locks",
     "nesting",
     "own_remove",

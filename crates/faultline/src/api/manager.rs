@@ -5,7 +5,7 @@
 //! reports statistics and fault errors.
 //!
 //! Mapping a region: check the arguments → claim the store's object range
-//! (`core.rs: claim_object`) → a fresh anonymous mapping not inside another
+//! (`objects.rs: claim`) → a fresh anonymous mapping not inside another
 //! region's range → `MADV_NOHUGEPAGE` + `MADV_DONTFORK` → register it with
 //! the userfaultfd (missing-page faults) → publish it in the region table.
 //! From then on its first touches fault into the workers. Locks: the
@@ -124,12 +124,12 @@ impl Manager {
         }
         let core = self.core();
         let id = core.next_region_id();
-        let claim = core.claim_object(id, store.as_ref(), len, self.number)?;
+        let claim = core.objects.claim(id, store.as_ref(), len, self.number)?;
         let mapped = self.map_range(id, len, store, opts);
         match &mapped {
-            Ok(inner) if claim => core.object_mapped(id, inner.start()),
+            Ok(inner) if claim => core.objects.mapped(id, inner.start()),
             Ok(_) => {}
-            Err(_) if claim => core.release_object(id),
+            Err(_) if claim => core.objects.release(id),
             Err(_) => {}
         }
         mapped.map(|inner| Region::new(inner, Arc::clone(&self.service)))

@@ -118,7 +118,7 @@ fn teardown(core: &Core, r: &RegionInner) {
     }
     core.await_unmaps();
     core.table.remove(r.id);
-    core.release_object(r.id);
+    core.objects.release(r.id);
     r.set_dying();
     // Only the parts still ours: a part the program unmapped may hold
     // someone else's mapping now.
