@@ -1,5 +1,6 @@
 """Shared fixtures and helpers: a per-test scratch directory, the random
-oracle file (``write_random``), and the userfaultfd check (the tests need
+oracle file (``write_random``), a redis-server of the test's own
+(``redis_url``, installed when missing), and the userfaultfd check (the tests need
 root or /dev/userfaultfd access: they fail, with that reason, rather than
 skip)."""
 
@@ -51,18 +52,46 @@ def thp_available():
         return False
 
 
+def ensure_redis_server():
+    """Installs Debian's redis-server when it is not on PATH (root with
+    apt-get, as the Rust tests' harness does; one install at a time, under
+    an exclusive lock on a file in the temporary directory); fails the test,
+    saying why, where it cannot."""
+    import fcntl
+    import shutil
+    import subprocess
+    import tempfile
+
+    if shutil.which("redis-server"):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.fail("this test needs redis-server, which is not on PATH (apt-get install -y redis-server)")
+    lock = os.path.join(tempfile.gettempdir(), "faultline-redis-install.lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        if shutil.which("redis-server"):
+            return
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        install = ["apt-get", "install", "-y", "-q", "redis-server"]
+        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+            out = subprocess.run(install, env=env, capture_output=True, text=True)
+            if out.returncode != 0:
+                pytest.fail("this test needs redis-server; apt-get install failed: " + out.stderr[-300:])
+    if shutil.which("redis-server") is None:
+        pytest.fail("this test needs redis-server: installed, and still not on PATH")
+
+
 @pytest.fixture
 def redis_url(tmp_path):
     """A redis-server of this test's own on a free 127.0.0.1 port (no
-    persistence), stopped at the end. Fails, saying so, without
-    redis-server."""
-    import shutil
+    persistence), stopped at the end; installed first if missing
+    (``ensure_redis_server``)."""
     import socket
     import subprocess
     import time
 
-    if shutil.which("redis-server") is None:
-        pytest.fail("this test needs redis-server (apt-get install -y redis-server)")
+    ensure_redis_server()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

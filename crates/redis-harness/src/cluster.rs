@@ -82,7 +82,10 @@ impl Cluster {
             .stdin(Stdio::null())
             .output()
             .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => HarnessError::Missing("redis-cli"),
+                std::io::ErrorKind::NotFound => HarnessError::Missing {
+                    program: "redis-cli",
+                    why: "it went away after the harness found it".into(),
+                },
                 _ => HarnessError::Io {
                     what: "running redis-cli --cluster create".into(),
                     source: e,

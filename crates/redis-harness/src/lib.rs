@@ -5,7 +5,8 @@
 //! --cluster create`. Both stop their processes and remove their
 //! directories on drop, so tests running in parallel share nothing.
 //!
-//! A missing `redis-server` is an error that says so ([`HarnessError::
+//! A missing `redis-server` is installed (`provision.rs`: Debian's package,
+//! as root); where it cannot be, the error says so ([`HarnessError::
 //! Missing`]): a test that needs Redis fails with that reason, it never
 //! passes silently.
 //!
@@ -23,11 +24,14 @@ use std::time::{Duration, Instant};
 /// Why a server or cluster could not be started or driven.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    /// A program the harness runs is not installed.
-    #[error(
-        "this needs `{0}` (Debian: apt-get install -y redis-server), and it was not found on PATH"
-    )]
-    Missing(&'static str),
+    /// A program the harness runs is not installed, and could not be.
+    #[error("this needs `{program}`, which is not on PATH: {why}")]
+    Missing {
+        /// The program.
+        program: &'static str,
+        /// Why it could not be installed (or what went wrong running it).
+        why: String,
+    },
     /// An I/O error starting or talking to a process.
     #[error("{what}: {source}")]
     Io {
@@ -105,6 +109,7 @@ impl Server {
     }
 
     fn launch(extra: Vec<String>, bus: bool) -> Result<Server, HarnessError> {
+        provision::ensure()?;
         let dir = std::env::temp_dir().join(format!(
             "faultline-redis-{}-{}",
             std::process::id(),
@@ -125,7 +130,7 @@ impl Server {
             };
             match s.spawn() {
                 Ok(()) => return Ok(s),
-                Err(e @ HarnessError::Missing(_)) => return Err(e),
+                Err(e @ HarnessError::Missing { .. }) => return Err(e),
                 Err(e) => last = Some(e), // the port was taken meanwhile
             }
         }
@@ -144,7 +149,10 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => HarnessError::Missing("redis-server"),
+                std::io::ErrorKind::NotFound => HarnessError::Missing {
+                    program: "redis-server",
+                    why: "it went away after the harness found it".into(),
+                },
                 _ => HarnessError::Io {
                     what: "starting redis-server".into(),
                     source: e,
@@ -250,5 +258,7 @@ impl Drop for Server {
 }
 
 mod cluster;
+mod provision;
 
 pub use cluster::Cluster;
+pub use provision::ensure as ensure_installed;

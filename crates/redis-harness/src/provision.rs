@@ -1,0 +1,162 @@
+//! Getting a real `redis-server` and `redis-cli` onto a machine that has
+//! none: the tests run on fresh machines (a newcomer's first
+//! `cargo test --workspace`, CI), and a test that needs Redis must run
+//! against a real server, never skip.
+//!
+//! [`ensure`] looks for both programs on `PATH`; if one is missing and this
+//! process may install packages (root, `apt-get` present), it installs
+//! Debian's `redis-server` package (which brings `redis-tools`, holding
+//! both binaries), running `apt-get update` first only if the plain install
+//! fails (a machine whose package lists were never fetched). Otherwise, or
+//! if the install fails, it returns [`HarnessError::Missing`] naming the
+//! program and what was tried.
+//!
+//! Tests run in parallel, in threads of one binary and in several
+//! binaries: one install at a time, serialized by a process-wide mutex and
+//! an exclusive lock on a file in the temporary directory (`flock`, which
+//! the kernel drops when a process dies); whoever waited looks again
+//! before installing. A success is remembered for the process.
+
+use crate::HarnessError;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+/// The programs the harness runs.
+const PROGRAMS: [&str; 2] = ["redis-server", "redis-cli"];
+
+/// Set once both programs were found.
+static READY: OnceLock<()> = OnceLock::new();
+/// One install attempt at a time in this process.
+static INSTALLING: Mutex<()> = Mutex::new(());
+
+/// Where `program` is on `PATH`, if it is.
+pub fn find(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The first of the harness's programs missing from `PATH`.
+fn missing() -> Option<&'static str> {
+    PROGRAMS.into_iter().find(|p| find(p).is_none())
+}
+
+/// Makes sure `redis-server` and `redis-cli` are on `PATH`, installing
+/// them (Debian's `redis-server` package) if they are not and this process
+/// is root with `apt-get`.
+///
+/// # Errors
+/// [`HarnessError::Missing`] naming the missing program and why it could
+/// not be installed.
+pub fn ensure() -> Result<(), HarnessError> {
+    if READY.get().is_some() {
+        return Ok(());
+    }
+    let Some(first) = missing() else {
+        let _ = READY.set(());
+        return Ok(());
+    };
+    let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = install_lock();
+    // Another thread or process may have installed it while we waited.
+    if missing().is_none() {
+        let _ = READY.set(());
+        return Ok(());
+    }
+    install().map_err(|why| HarnessError::Missing {
+        program: first,
+        why,
+    })?;
+    match missing() {
+        None => {
+            let _ = READY.set(());
+            Ok(())
+        }
+        Some(p) => Err(HarnessError::Missing {
+            program: p,
+            why: "apt-get installed redis-server, and it is still not on PATH".into(),
+        }),
+    }
+}
+
+/// An exclusive lock on the install lock file, held until dropped (`None`
+/// if it cannot be taken: the in-process mutex still serializes).
+fn install_lock() -> Option<std::fs::File> {
+    let path = std::env::temp_dir().join("faultline-redis-install.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this function holds open; the lock
+    // goes with the descriptor (when the returned file drops).
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    (rc == 0).then_some(f)
+}
+
+/// Installs Debian's `redis-server`; `Err` says why it could not.
+fn install() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root, so it cannot be installed here: apt-get install -y redis-server".into());
+    }
+    if find("apt-get").is_none() {
+        return Err("no apt-get to install it with: install redis-server (and redis-cli)".into());
+    }
+    eprintln!("redis-harness: redis-server is not on PATH; installing Debian's redis-server");
+    let first = apt(&["install", "-y", "-q", "redis-server"]);
+    if first.is_ok() {
+        return Ok(());
+    }
+    // The package lists may never have been fetched on this machine.
+    apt(&["update", "-q"]).map_err(|e| format!("apt-get update failed: {e}"))?;
+    apt(&["install", "-y", "-q", "redis-server"])
+        .map_err(|e| format!("apt-get install -y redis-server failed: {e}"))
+}
+
+/// Runs `apt-get args` non-interactively; `Err` holds the end of its
+/// output.
+fn apt(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running apt-get: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = err.lines().rev().take(3).collect();
+    Err(format!("{}: {}", out.status, tail.join(" | ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_programs_on_path_and_not_others() {
+        assert!(find("sh").is_some(), "sh on PATH");
+        assert!(find("no-such-program-faultline").is_none());
+    }
+
+    /// The harness's programs are there after `ensure` (installed if they
+    /// were not: root on a Debian machine; else the error says why).
+    #[test]
+    fn ensure_leaves_both_programs_on_path() {
+        ensure().unwrap_or_else(|e| panic!("{e}"));
+        for p in PROGRAMS {
+            assert!(find(p).is_some(), "{p} on PATH after ensure()");
+        }
+    }
+}
