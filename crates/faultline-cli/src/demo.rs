@@ -158,6 +158,21 @@ pub fn run(opts: &DemoOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes the dataset at `path` (hundreds of MiB) if the demo is
+/// interrupted (SIGINT, SIGTERM, SIGHUP) before it removes it itself; the
+/// process then exits 130, as after Ctrl-C. Best effort: a handler that
+/// cannot be installed leaves the dataset to be removed at the normal end.
+fn remove_on_interrupt(path: std::path::PathBuf) {
+    let set = ctrlc::set_handler(move || {
+        let _ = std::fs::remove_file(&path);
+        eprintln!("\ninterrupted: removed the dataset {}", path.display());
+        std::process::exit(130);
+    });
+    if let Err(e) = set {
+        eprintln!("the dataset is not removed if the demo is interrupted: {e}");
+    }
+}
+
 /// The out-of-core job: a dataset file 4x the budget, random 4 KiB reads and
 /// writes from the app threads for a few seconds, then every written page
 /// checked (through evictions and write-backs) and the file flushed.
@@ -294,6 +309,7 @@ fn dataset(
     let dir = std::env::var_os("FAULTLINE_DEMO_DIR")
         .map_or_else(|| std::path::PathBuf::from("/var/tmp"), Into::into);
     let path = dir.join(format!("faultline-demo-{}.dat", std::process::id()));
+    remove_on_interrupt(path.clone());
     {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
         let chunk = vec![0u8; 1 << 20];

@@ -1,5 +1,5 @@
 //! The `faultline` command: drives the library — the demo, and the
-//! benchmarks of BENCHMARKS.md. It makes no system calls of its own beyond
+//! benchmarks the README lists ("Benchmarks"). It makes no system calls of its own beyond
 //! what `faultline-sys` offers for the kernel baselines.
 
 mod bench;
@@ -30,7 +30,7 @@ enum Cmd {
     /// A long data-integrity run: random page reads and writes over a file
     /// 16x the budget, flushes, then every page checked after reopening.
     Soak(soak::SoakOpts),
-    /// Run an experiment (see BENCHMARKS.md).
+    /// Run an experiment (the README's "Benchmarks" says what each measures).
     Bench {
         #[command(subcommand)]
         which: Which,

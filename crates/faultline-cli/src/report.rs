@@ -1,5 +1,5 @@
 //! Benchmark reports: summaries of samples, the machine description, the
-//! human table and the `--json` object of BENCHMARKS.md.
+//! human table and the `--json` object (README, "Benchmarks").
 
 use serde::Serialize;
 use serde_json::{json, Value};

@@ -34,11 +34,17 @@ fn f(p: &Published, name: &str) -> f64 {
 /// Reads the managers' files now (removing stale ones).
 fn sample(pid: Option<u32>) -> anyhow::Result<Vec<Published>> {
     let s = published::scan(pid)?;
-    for r in &s.removed {
-        eprintln!(
+    // One line, however many: a crashed program's files are housekeeping.
+    match s.removed.as_slice() {
+        [] => {}
+        [one] => eprintln!(
             "faultline stat: removed {} (its process is gone)",
-            r.display()
-        );
+            one.display()
+        ),
+        many => eprintln!(
+            "faultline stat: removed {} stats files of processes that are gone",
+            many.len()
+        ),
     }
     for (path, e) in &s.unreadable {
         eprintln!("faultline stat: {}: {e}", path.display());

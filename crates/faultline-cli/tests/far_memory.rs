@@ -59,6 +59,9 @@ fn bench_far_memory_has_every_row() {
 fn demo_runs_its_out_of_core_job_over_redis() {
     let server = redis_harness::Server::start()
         .unwrap_or_else(|e| panic!("this test needs redis-server: {e}"));
+    // The demo's figure goes to the server's scratch directory (removed
+    // with it), not the temporary directory's top.
+    let plot = server.dir().join("demo.png");
     let out = Command::new(BIN)
         .args([
             "demo",
@@ -69,6 +72,8 @@ fn demo_runs_its_out_of_core_job_over_redis() {
             "--store",
             &server.url(),
         ])
+        .arg("--plot")
+        .arg(&plot)
         .output()
         .expect("run faultline");
     let text = String::from_utf8_lossy(&out.stdout);

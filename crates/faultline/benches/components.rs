@@ -1,7 +1,7 @@
 //! Component micro-benchmarks (criterion): the frame allocator's hot paths
 //! with and without per-CPU lists, bulk allocation, a region lookup hit
 //! per cache scheme, migration's 2 MiB copy per method, and the page
-//! fingerprint of dirty tracking. The experiments of BENCHMARKS.md are `faultline bench`;
+//! fingerprint of dirty tracking. The experiments (README, "Benchmarks") are `faultline bench`;
 //! these are for watching one component while changing it. The lookup bench
 //! maps real regions, so it needs userfaultfd (root).
 #![allow(missing_docs)]

@@ -3,7 +3,7 @@
 //! buffers) and copying (`memcpy`, or streaming stores for large copies).
 //!
 //! Clearing uses `rep stosb` on x86_64: glibc's `memset` picks a slower path
-//! on this VM, which hides the fast-string CPUID flags (DESIGN.md, "Measured
+//! on this VM, which hides the fast-string CPUID flags (docs/design.md, "Measured
 //! on this kernel"). Leaf module: no locks, no state; the caller holds the
 //! buffers exclusively.
 

@@ -281,6 +281,11 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
+    /// The file it publishes in.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Makes the file of manager `n` ([`next_number`]) in [`STATS_DIR`] and
     /// publishes once.
     pub(crate) fn create(core: &Core, n: u32) -> std::io::Result<Publisher> {

@@ -225,6 +225,12 @@ impl Server {
         self.port
     }
 
+    /// Its scratch directory (removed with the server): a test may keep
+    /// its own files there too.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     /// Whether the process is running (not killed by [`Server::kill`]).
     pub fn running(&self) -> bool {
         self.child.is_some()

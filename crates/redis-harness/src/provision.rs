@@ -107,7 +107,9 @@ fn install_lock() -> Option<std::fs::File> {
 fn install() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return Err("not root, so it cannot be installed here: apt-get install -y redis-server".into());
+        return Err(
+            "not root, so it cannot be installed here: apt-get install -y redis-server".into(),
+        );
     }
     if find("apt-get").is_none() {
         return Err("no apt-get to install it with: install redis-server (and redis-cli)".into());

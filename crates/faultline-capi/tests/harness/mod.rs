@@ -119,14 +119,26 @@ pub fn compile(name: &str, lib: &str, out: &Path) -> PathBuf {
 }
 
 /// Runs `exe` with `args` and `env`, the libraries on `LD_LIBRARY_PATH`;
-/// fails the test with the program's output unless it exits 0.
+/// fails the test with the program's output unless it exits 0, or if it
+/// left a stats file of its managers behind (`/dev/shm/faultline/<pid>-*`).
 pub fn run(exe: &Path, args: &[&str], env: &[(&str, String)]) -> String {
-    let out = Command::new(exe)
+    let child = Command::new(exe)
         .args(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("LD_LIBRARY_PATH", lib_dir())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run the C program");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("the C program's output");
+    let left: Vec<String> = std::fs::read_dir("/dev/shm/faultline")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("{pid}-")))
+        .collect();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -137,6 +149,11 @@ pub fn run(exe: &Path, args: &[&str], env: &[(&str, String)]) -> String {
         "{} {args:?} with {env:?} failed ({}):\n{text}",
         exe.display(),
         out.status
+    );
+    assert!(
+        left.is_empty(),
+        "{} left its stats files behind: /dev/shm/faultline/{left:?}",
+        exe.display()
     );
     text
 }

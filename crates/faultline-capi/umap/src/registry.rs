@@ -99,6 +99,7 @@ pub(crate) fn started<'g>(
         if cfg.monitor_secs > 0 {
             spawn_monitor(mm.clone(), cfg.monitor_secs);
         }
+        remove_stats_at_exit(&mm);
         **guard = Some(Registry {
             mm,
             regions: BTreeMap::new(),
@@ -107,6 +108,39 @@ pub(crate) fn started<'g>(
     guard
         .as_mut()
         .ok_or_else(|| "faultline did not start".into())
+}
+
+/// The process-wide manager's stats file, removed at exit.
+static STATS_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Removes the process-wide manager's stats file when the process exits
+/// normally (`exit()` or a return from `main`): the manager lives until
+/// then and is never dropped, so without this every Umap program left its
+/// `/dev/shm/faultline/<pid>-0` behind. (Mappings are not written back at
+/// exit, as with Umap: the program calls `uunmap` or `umap_flush`.)
+fn remove_stats_at_exit(mm: &Manager) {
+    let Some(path) = mm.stats_file() else {
+        return;
+    };
+    if STATS_FILE.set(path.to_path_buf()).is_err() {
+        return;
+    }
+    extern "C" fn at_exit() {
+        // Nothing may unwind out of an atexit handler.
+        let _ = std::panic::catch_unwind(|| {
+            if let Some(p) = STATS_FILE.get() {
+                let _ = std::fs::remove_file(p);
+            }
+        });
+    }
+    // SAFETY: registers a plain `extern "C" fn()` that touches only a
+    // static and the file system; atexit has no other preconditions.
+    if unsafe { libc::atexit(at_exit) } != 0 {
+        eprintln!(
+            "faultline: cannot remove {} at exit (atexit failed)",
+            path.display()
+        );
+    }
 }
 
 /// Prints faultline's warnings (each fault error, as it is recorded: before

@@ -193,8 +193,9 @@ impl ManagerBuilder {
                 .map_err(|e| tracing::warn!("stats not published ({e})"))
                 .ok(),
         };
+        let stats_file = publisher.as_ref().map(|p| p.path().to_path_buf());
         let service = Service::start(core, publisher)?;
-        Ok(Manager::new(Arc::new(service), number))
+        Ok(Manager::new(Arc::new(service), number, stats_file))
     }
 }
 

@@ -36,11 +36,30 @@ pub struct Manager {
     service: Arc<Service>,
     /// This manager's number in the process (its stats file's `<n>`).
     number: u32,
+    /// Its stats file, if it publishes one.
+    stats_file: Option<Arc<std::path::Path>>,
 }
 
 impl Manager {
-    pub(super) fn new(service: Arc<Service>, number: u32) -> Manager {
-        Manager { service, number }
+    pub(super) fn new(
+        service: Arc<Service>,
+        number: u32,
+        stats_file: Option<std::path::PathBuf>,
+    ) -> Manager {
+        Manager {
+            service,
+            number,
+            stats_file: stats_file.map(Arc::from),
+        }
+    }
+
+    /// The shared-memory file this manager publishes its statistics in
+    /// (`/dev/shm/faultline/<pid>-<n>`, read by `faultline stat`), if it
+    /// publishes ([`crate::Config::publish_stats`]). The manager removes it
+    /// when it drops; a process that ends without dropping its manager (a
+    /// C library's process-wide one, say) removes it at exit itself.
+    pub fn stats_file(&self) -> Option<&std::path::Path> {
+        self.stats_file.as_deref()
     }
 
     /// A builder with the default configuration.

@@ -230,7 +230,7 @@ impl<A: Access> Region<A> {
     /// Moves the pages of bytes `range` (offsets, inside the region) that
     /// hold data — resident or parked — into frames of pool `pool`, while
     /// the application may keep using them: a touch during a page's move
-    /// waits for it (DESIGN.md, "Migration"). Pages already there are left
+    /// waits for it (docs/design.md, "Pools and migration"). Pages already there are left
     /// alone. Pages the kernel will not move for a whole move deadline (2 s:
     /// a page shared with a child of `fork()` after `MADV_DOFORK`, or pinned
     /// for I/O) stay where they are, counted in [`MigrateReport::refused`],

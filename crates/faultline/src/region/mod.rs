@@ -4,7 +4,7 @@
 //! A region is one anonymous mapping registered with the manager's
 //! userfaultfd in missing mode, with `MADV_NOHUGEPAGE` (so the kernel never
 //! allocates and clears a THP of its own before reporting a write fault: the
-//! ~120 µs waste of DESIGN.md) and `MADV_DONTFORK` (so its frames stay
+//! ~120 µs waste in docs/design.md) and `MADV_DONTFORK` (so its frames stay
 //! exclusive to this process, which `UFFDIO_MOVE` requires).
 //!
 //! Per-page state, one `AtomicU32` word per page, stored sparsely

@@ -114,16 +114,28 @@ pub fn in_child() -> bool {
     std::env::var_os("FAULTLINE_CHILD").is_some()
 }
 
+/// Where a child's [`ScratchDir`]s go (a directory its parent removes).
+const CHILD_DIR: &str = "FAULTLINE_CHILD_DIR";
+
+/// Runs test `test` of this test binary in a child process, its scratch
+/// directories inside one of the parent's (removed when this returns, also
+/// if the child died without cleaning up).
+fn spawn_child(test: &str) -> std::process::Output {
+    let dir = ScratchDir::new("child");
+    let exe = std::env::current_exe().expect("current exe");
+    std::process::Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("FAULTLINE_CHILD", "1")
+        .env(CHILD_DIR, dir.path())
+        .output()
+        .expect("spawn child")
+}
+
 /// Re-runs test `name` of this test binary in a child process (for tests
 /// that change process-wide state: limits, mlockall) and fails unless it
 /// exits cleanly having printed `marker`.
 pub fn run_in_child(name: &str, marker: &str) {
-    let exe = std::env::current_exe().expect("current exe");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env("FAULTLINE_CHILD", "1")
-        .output()
-        .expect("spawn child");
+    let out = spawn_child(name);
     let stdout = String::from_utf8_lossy(&out.stdout);
     // The child's figures, for `--nocapture` runs.
     for line in stdout.lines().filter(|l| !l.is_empty()) {
@@ -146,12 +158,7 @@ pub fn child_signal(test: &str) -> Option<i32> {
 /// [`child_signal`], with what the child wrote to stderr.
 pub fn child_signal_and_stderr(test: &str) -> (Option<i32>, String) {
     use std::os::unix::process::ExitStatusExt;
-    let exe = std::env::current_exe().expect("current exe");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("FAULTLINE_CHILD", "1")
-        .output()
-        .expect("spawn child");
+    let out = spawn_child(test);
     let status = out.status;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if status.signal().is_none() {
@@ -179,9 +186,15 @@ pub struct ScratchDir {
 }
 
 impl ScratchDir {
-    /// A fresh directory named after `tag`, in the temporary directory.
+    /// A fresh directory named after `tag`, in the temporary directory —
+    /// or, in a child of [`run_in_child`] / [`child_signal`], inside the
+    /// directory its parent made for it, which the parent removes: a child
+    /// that ends by `exit` or a signal runs no destructor.
     pub fn new(tag: &str) -> ScratchDir {
-        ScratchDir::new_in(&std::env::temp_dir(), tag)
+        match std::env::var_os(CHILD_DIR) {
+            Some(d) if in_child() => ScratchDir::new_in(std::path::Path::new(&d), tag),
+            _ => ScratchDir::new_in(&std::env::temp_dir(), tag),
+        }
     }
 
     /// A fresh directory named after `tag`, in `base` (e.g. `/dev/shm` for
