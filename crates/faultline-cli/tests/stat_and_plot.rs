@@ -231,6 +231,56 @@ fn the_file_goes_with_the_manager_and_stale_files_are_removed() {
     );
 }
 
+/// The README's `faultline stat` lines, run as written against this
+/// process's manager (`1234` is this process, `faultline` this binary).
+#[test]
+fn the_readmes_stat_lines_run() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .expect("README.md");
+    let block = readme
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("faultline stat"))
+        .expect("the README's faultline stat block");
+    let mm = quiet_manager();
+    assert!(mm.stats_file().is_some_and(Path::exists));
+    let pid = std::process::id().to_string();
+    let mut ran = 0;
+    for line in block.lines() {
+        let cmd = line.split('#').next().unwrap_or("").trim();
+        if cmd.is_empty() {
+            continue;
+        }
+        let mut words = cmd.split_whitespace();
+        assert_eq!(words.next(), Some("faultline"), "{line}");
+        let args: Vec<String> = words
+            .map(|w| {
+                if w == "1234" {
+                    pid.clone()
+                } else {
+                    w.to_string()
+                }
+            })
+            .collect();
+        let out = Command::new(BIN)
+            .args(&args)
+            .output()
+            .expect("run faultline");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(&pid),
+            "README line {line:?} failed ({}): {text} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ran += 1;
+    }
+    assert_eq!(ran, 4, "{block}");
+    drop(mm);
+}
+
 #[test]
 fn no_file_when_publication_is_off() {
     let mm = ManagerBuilder::from_config(Config::default())

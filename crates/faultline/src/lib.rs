@@ -95,3 +95,9 @@ pub mod internals {
     pub use crate::memops::{copy_large, copy_per_page};
     pub use crate::region::table::{reset_thread_counters, thread_counters, LookupCounters};
 }
+
+/// The README's Rust examples, compiled and run as doctests (a snippet
+/// that no longer builds or runs fails the tests). Not part of the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -120,3 +120,62 @@ fn no_document_links_outside_the_repository() {
         bad.join("\n")
     );
 }
+
+/// The fenced blocks of language `lang` in `text`, in order.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    text.split(&fence)
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The READMEs' shell blocks run somewhere: the two commands at the top of
+/// the README (and the C layer's build line) are run by CI as written; the
+/// Python build block is the Python README's, which CI runs as written; the
+/// `faultline stat` block runs in `faultline-cli`'s tests, the C layer's
+/// Umap build line in `faultline-capi`'s (`tests/readme.rs`).
+#[test]
+fn every_readme_shell_block_is_run() {
+    let root = repo();
+    let ci = std::fs::read_to_string(root.join(".ci/run")).expect(".ci/run");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let py =
+        std::fs::read_to_string(root.join("crates/faultline-py/README.md")).expect("py README");
+    let capi =
+        std::fs::read_to_string(root.join("crates/faultline-capi/README.md")).expect("C README");
+    let top = &blocks(&readme, "sh")[0];
+    let commands: Vec<&str> = top
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(
+        commands.len(),
+        2,
+        "the README opens with two commands: {top}"
+    );
+    for c in &commands {
+        assert!(ci.contains(c), ".ci/run does not run the README's `{c}`");
+    }
+    let py_block = &blocks(&py, "sh")[0];
+    assert!(ci.contains("crates/faultline-py/README.md") && ci.contains("py-readme.sh"));
+    let readme_py = blocks(&readme, "sh")
+        .into_iter()
+        .find(|b| b.contains("maturin"))
+        .expect("the README's Python build block");
+    assert_eq!(&readme_py, py_block, "the two Python build blocks differ");
+    for b in blocks(&readme, "sh") {
+        let known = b == *top || b == readme_py || b.contains("faultline stat");
+        assert!(known, "a README shell block no test runs:\n{b}");
+    }
+    for b in blocks(&capi, "sh") {
+        let known = b.contains("my_umap_program.c")
+            || b.lines().next().is_some_and(|l| ci.contains(l.trim()));
+        assert!(known, "a C README shell block no test runs:\n{b}");
+    }
+    for b in blocks(&py, "sh").iter().skip(1) {
+        panic!("a Python README shell block no test runs:\n{b}");
+    }
+}

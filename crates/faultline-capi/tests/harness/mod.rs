@@ -91,10 +91,20 @@ pub fn build_libraries() {
 /// Compiles `tests/c/<name>.c` into `out`, linked with `-l<lib>` (built
 /// first).
 pub fn compile(name: &str, lib: &str, out: &Path) -> PathBuf {
+    compile_file(
+        &capi_dir().join("tests/c").join(format!("{name}.c")),
+        lib,
+        out,
+    )
+}
+
+/// Compiles the C file `src` into `out` (named after it), linked with
+/// `-l<lib>` (built first).
+pub fn compile_file(src: &Path, lib: &str, out: &Path) -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(build_libraries);
-    let src = capi_dir().join("tests/c").join(format!("{name}.c"));
-    let exe = out.join(name);
+    let name = src.file_stem().expect("a C file").to_string_lossy();
+    let exe = out.join(&*name);
     let status = Command::new("cc")
         .args([
             "-std=gnu11",
@@ -108,7 +118,7 @@ pub fn compile(name: &str, lib: &str, out: &Path) -> PathBuf {
         .arg(capi_dir().join("include"))
         .arg("-o")
         .arg(&exe)
-        .arg(&src)
+        .arg(src)
         .arg("-L")
         .arg(lib_dir())
         .arg(format!("-l{lib}"))
