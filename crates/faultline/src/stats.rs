@@ -468,55 +468,63 @@ impl StatsSnapshot {
     }
 }
 
+/// Plain words, one subject a line: what a person reading a program's
+/// output can follow without the source (`faultline demo` prints it).
 impl fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let used = self.frames_total - self.frames_free;
+        let mib = |frames: usize| (frames * 4096) >> 20;
         writeln!(
             f,
-            "faults      {} (4k {}, 2m {}), moves {}, already mapped {}, stray {}",
+            "faults      {} (4 KiB pages {}, 2 MiB pages {}); {} of them on a page another thread had just mapped, {} outside any region",
             self.faults(),
             self.faults_4k,
             self.faults_2m,
-            self.moves,
             self.already_mapped,
             self.stray
         )?;
         writeln!(
             f,
-            "fills       cleared {}, pre-zeroed {} (zeroing worker made {}), from store {}; page-table discards {}; fault-around pages {}",
+            "fills       {} zeroed on the fault, {} from frames zeroed ahead (the zeroing thread made {}), {} read from the store; {} pages mapped around a fault (fault-around)",
             self.fills_cleared,
             self.fills_prezeroed,
             self.prezeroed_made,
             self.fills_store,
-            self.pt_discards,
             self.fault_around_pages
         )?;
         writeln!(
             f,
-            "frames      {} used, {} free ({} pre-zeroed) of {} ({} MiB budget, {} MiB of it paying for page tables and metadata); metadata {} KiB; given back to the kernel {} MiB, taken back {} MiB",
+            "memory      {} MiB in use ({} of {} 4 KiB frames), {} MiB free ({} MiB zeroed) of a {} MiB budget; {} MiB of it pays for page tables and page states; {} MiB given back to the kernel while idle, {} MiB taken back",
+            mib(used),
             used,
-            self.frames_free,
-            self.frames_prezeroed,
             self.frames_total,
-            (self.budget_frames * 4096) >> 20,
-            (self.frames_overhead * 4096) >> 20,
-            self.metadata_bytes >> 10,
-            (self.ballooned * 4096) >> 20,
-            (self.unballooned * 4096) >> 20
+            mib(self.frames_free),
+            mib(self.frames_prezeroed),
+            mib(self.budget_frames),
+            mib(self.frames_overhead),
+            mib(self.ballooned as usize),
+            mib(self.unballooned as usize)
         )?;
         writeln!(
             f,
-            "reclaim     parked {}, evicted {}, unparked {}, written back {} (clean, not written: {}); read-aheads {}; waits for a frame {}; held pages passed over {}",
-            self.parked, self.evicted, self.unparked, self.written_back, self.clean_skipped, self.readaheads, self.reclaim_waits, self.reclaim_held
+            "reclaim     {} pages taken out of their regions (kept in memory, \"parked\"), {} of them touched again and put back, {} evicted (frame reused); {} written back to the store, {} clean ones not written; {} read ahead; {} faults waited for a frame; {} pages the kernel would not move passed over",
+            self.parked,
+            self.unparked,
+            self.evicted,
+            self.written_back,
+            self.clean_skipped,
+            self.readaheads,
+            self.reclaim_waits,
+            self.reclaim_held
         )?;
         writeln!(
             f,
-            "migration   {} pages migrated ({} left parked), {} collapses, {} copy chunks by idle workers",
+            "migration   {} pages migrated between pools ({} left parked), {} blocks collapsed into 2 MiB pages, {} copy pieces done by idle workers",
             self.migrated_pages, self.migrate_left_parked, self.collapses, self.copy_chunks_helped
         )?;
         writeln!(
             f,
-            "fault locks {} acquisitions, {} contended, {:.1} ms waited; {} batches handed off",
+            "locks       page locks taken {} times, {} had to wait ({:.1} ms in all); {} events handed to another worker before a slow store call",
             self.locks.acquisitions,
             self.locks.contentions,
             self.locks.wait_ns as f64 / 1e6,
@@ -524,22 +532,26 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "errors      {} (poisoned pages {}, move retries {}, misreported moves {}, \
-             pages dropped mid-move {})",
-            self.errors, self.poisoned, self.move_retries, self.move_misreported, self.move_dropped
+            "moves       {} pages moved into place, {} page tables dropped for a 2 MiB page; {} moves retried, {} misreported by the kernel (each checked and completed), {} pages the program dropped during a move",
+            self.moves, self.pt_discards, self.move_retries, self.move_misreported, self.move_dropped
+        )?;
+        writeln!(
+            f,
+            "errors      {} ({} pages poisoned: their threads got SIGBUS)",
+            self.errors, self.poisoned
         )?;
         write!(
             f,
-            "service     n={} p50 {:.1} us, p99 {:.1} us, max {:.1} us",
-            self.service.count,
+            "service     a fault took p50 {:.1} us, p99 {:.1} us, max {:.1} us (n={})",
             self.service.p50_ns as f64 / 1e3,
             self.service.p99_ns as f64 / 1e3,
-            self.service.max_ns as f64 / 1e3
+            self.service.max_ns as f64 / 1e3,
+            self.service.count
         )?;
         if self.store_reads.count + self.store_writes.count > 0 {
             write!(
                 f,
-                "\nstore       reads {} (p50 {:.1} us, p99 {:.1} us), writes {} (p50 {:.1} us, p99 {:.1} us)",
+                "\nstore       {} reads (p50 {:.1} us, p99 {:.1} us), {} writes (p50 {:.1} us, p99 {:.1} us)",
                 self.store_reads.count,
                 self.store_reads.p50_ns as f64 / 1e3,
                 self.store_reads.p99_ns as f64 / 1e3,

@@ -287,7 +287,12 @@ pub(super) fn wake(core: &Core, region: &RegionInner, page: usize) {
 /// data stays safe in its frame, and the next attempt tries again).
 fn unpark(core: &Core, region: &RegionInner, page: usize, f: u32) -> Resolution {
     match pagemove::unpark(core, region, page, f) {
-        Ok(()) => Resolution::Moved,
+        Ok(()) => {
+            // Counted here, not in `pagemove::unpark`: a write-back's
+            // snapshot moves its pages out and back too, and is no touch.
+            Stats::bump(&core.stats.unparked);
+            Resolution::Moved
+        }
         Err(e) => {
             core.record(e);
             wake(core, region, page);

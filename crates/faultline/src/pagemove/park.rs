@@ -229,10 +229,7 @@ pub(crate) fn unpark(core: &Core, r: &RegionInner, page: usize, f: u32) -> Resul
     // SAFETY: a parked page's frame is whole in its slot and the page is a
     // hole, under the page's lock; nothing references either.
     match unsafe { move_in(core, addr, core.pool.addr_of(&frame), len) } {
-        Ok(()) => {
-            Stats::bump(&core.stats.unparked);
-            Ok(())
-        }
+        Ok(()) => Ok(()),
         Err(e) => {
             if !matches!(e, MoveError::Split { .. }) {
                 r.set_state(page, PageState::Parked(f));
