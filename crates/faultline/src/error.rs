@@ -394,9 +394,10 @@ pub enum BudgetError {
         /// The largest budget this manager allows.
         max: usize,
     },
-    /// Shrinking stopped short: what is left holds pinned, zero-store or
-    /// busy pages that reclaim cannot free.
-    #[error("budget shrank only to {reached} bytes of the {bytes} asked for: the rest holds pages reclaim cannot free (pinned, zero-store or busy)")]
+    /// Shrinking stopped short after its 5 s: what is left holds pinned,
+    /// zero-store or busy pages that reclaim cannot free, or faulting
+    /// threads took the frames reclaim freed before the shrink could.
+    #[error("budget shrank only to {reached} bytes of the {bytes} asked for within 5 s: reclaim could not free the rest in time (pinned, zero-store or busy pages, a slow store, or faulting threads taking the freed frames); the budget stays at {reached} bytes, and calling again goes on")]
     Busy {
         /// The budget asked for.
         bytes: usize,
