@@ -65,6 +65,7 @@ pub use config::{
 };
 pub use discard::Discard;
 pub use error::{AddrError, BudgetError, BuildError, FaultError, FileHolder, MapError};
+pub use fault::inthread::ready as in_thread_ready;
 pub use frame::PoolId;
 pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};

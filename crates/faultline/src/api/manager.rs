@@ -70,7 +70,9 @@ impl Manager {
     /// writable by another region of this manager
     /// ([`MapError::Overlaps`]); a file range mapped by a region of another
     /// manager or process, one of the two writable
-    /// ([`MapError::FileInUse`]); a failed system call, with its errno.
+    /// ([`MapError::FileInUse`]); for an in-thread manager, a calling
+    /// thread that blocks SIGBUS ([`MapError::SigbusBlocked`]); a failed
+    /// system call, with its errno.
     pub fn map(
         &self,
         len: usize,
@@ -123,6 +125,11 @@ impl Manager {
             return Err(MapError::NoHugePages);
         }
         let core = self.core();
+        if core.config.fault_mode == crate::config::FaultMode::InThread
+            && faultline_sys::signal::sigbus_blocked() == Ok(true)
+        {
+            return Err(MapError::SigbusBlocked);
+        }
         let id = core.next_region_id();
         let claim = core.objects.claim(id, store.as_ref(), len, self.number)?;
         let mapped = self.map_range(id, len, store, opts);
