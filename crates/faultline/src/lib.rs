@@ -53,6 +53,7 @@ mod publish;
 mod reclaim;
 mod region;
 mod removals;
+mod rereads;
 mod stats;
 pub mod store;
 mod sync;

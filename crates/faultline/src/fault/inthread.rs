@@ -210,9 +210,9 @@ fn serve(core: &Core, addr: usize) -> bool {
     if region.state(page) == crate::region::PageState::Poisoned {
         // The retried access of a fault that was refused: the kernel
         // reports its poison marker as a missing page too, so the state
-        // tells. The thread gets the SIGBUS (worker mode retries the store
-        // only once the program drops the marker, which here cannot be
-        // told apart; `Region::discard` clears it).
+        // tells. The thread gets the SIGBUS; a worker clears the marker
+        // once its back-off is over (`reread.rs`), and the next access
+        // faults afresh and tries the store again.
         return false;
     }
     super::service::count_fault(core, region.page_size);

@@ -149,7 +149,9 @@ pub trait Store: Send + Sync + Debug {
     ///
     /// # Errors
     /// Any [`StoreError`]: the page is poisoned (its faulting thread gets
-    /// SIGBUS), the error is queued, and the next touch tries again.
+    /// SIGBUS), the error is queued, and the first touch after a back-off
+    /// (50 ms, doubling with each failure in a row, at most 5 s) tries
+    /// again.
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
     /// Fills `buf` (a whole number of pages of `page_size` bytes) with the
