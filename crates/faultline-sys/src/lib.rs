@@ -43,9 +43,11 @@ pub(crate) fn last_errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// A failed system call: which one, on what range, and the errno.
+/// A failed system call: which one, on what range, and the errno. Its text
+/// names the range only when there is one (`addr` or `len` non-zero): a
+/// call on no range (an `eventfd`, a `sigaction`) reads `{op} failed: ...`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{op} on {addr:#x}+{len:#x} failed: {} (errno {errno})", std::io::Error::from_raw_os_error(*errno))]
+#[error("{op}{} failed: {} (errno {errno})", range_text(*addr, *len), std::io::Error::from_raw_os_error(*errno))]
 pub struct SysError {
     /// The operation, e.g. `"mmap"` or `"UFFDIO_MOVE"`.
     pub op: &'static str,
@@ -55,6 +57,15 @@ pub struct SysError {
     pub len: usize,
     /// The raw errno.
     pub errno: i32,
+}
+
+/// ` on ADDR+LEN` for a call on a range, nothing for one on none.
+fn range_text(addr: usize, len: usize) -> String {
+    if addr == 0 && len == 0 {
+        String::new()
+    } else {
+        format!(" on {addr:#x}+{len:#x}")
+    }
 }
 
 impl SysError {

@@ -4,7 +4,10 @@
 //! queueing an event). Installs a process-wide handler once, keeping the
 //! action it replaces; reads the faulting address and cause from a
 //! `siginfo_t`; passes a signal the handler does not serve on to that
-//! previous action; keeps `errno` across a handler.
+//! previous action; keeps `errno` across a handler; reads and clears a
+//! thread's blocking of SIGBUS (a thread that blocks it cannot take
+//! in-thread faults: the kernel force-delivers a fault's SIGBUS with the
+//! default action, see [`sigbus_blocked`]).
 //!
 //! The handler is installed with `SA_SIGINFO | SA_NODEFER | SA_RESTART` and
 //! without `SA_ONSTACK`: serving a fault needs a real stack (a thread's
@@ -67,6 +70,63 @@ pub fn sigbus_is(handler: Handler) -> Result<bool, crate::SysError> {
         return Err(crate::SysError::last("sigaction(SIGBUS)", 0, 0));
     }
     Ok(cur.sa_sigaction == handler as usize)
+}
+
+/// Whether SIGBUS is installed by [`install_sigbus`] in this process.
+pub fn sigbus_installed() -> bool {
+    PREVIOUS.get().is_some()
+}
+
+/// Whether the calling thread blocks SIGBUS (`pthread_sigmask`). A SIGBUS
+/// a fault raises in such a thread is forced by the kernel
+/// (`force_sig_info_to_task`): it unblocks the signal and resets the
+/// process's SIGBUS action to the default, so the process dies (`Bus
+/// error`) without any handler running.
+///
+/// # Errors
+/// The `pthread_sigmask(3)` error.
+pub fn sigbus_blocked() -> Result<bool, crate::SysError> {
+    // SAFETY: an all-zero sigset_t is a valid value, filled in below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new set only reads this thread's mask into `old`, a
+    // live sigset_t.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut old) };
+    if rc != 0 {
+        return Err(crate::SysError {
+            op: "pthread_sigmask",
+            addr: 0,
+            len: 0,
+            errno: rc,
+        });
+    }
+    // SAFETY: `old` is an initialised sigset_t.
+    Ok(unsafe { libc::sigismember(&old, libc::SIGBUS) } == 1)
+}
+
+/// Unblocks SIGBUS in the calling thread (the rest of its mask is kept).
+///
+/// # Errors
+/// The `pthread_sigmask(3)` error.
+pub fn unblock_sigbus() -> Result<(), crate::SysError> {
+    // SAFETY: an all-zero sigset_t is a valid value; sigemptyset and
+    // sigaddset initialise it to {SIGBUS}.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live sigset_t; SIGBUS is a valid signal.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGBUS);
+    }
+    // SAFETY: `set` is initialised; a null old set is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(crate::SysError {
+            op: "pthread_sigmask(SIG_UNBLOCK, SIGBUS)",
+            addr: 0,
+            len: 0,
+            errno: rc,
+        });
+    }
+    Ok(())
 }
 
 /// What a SIGBUS says: the address touched, and why.

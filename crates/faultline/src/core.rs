@@ -126,6 +126,8 @@ pub(crate) struct Core {
     pub(crate) own_removes: OwnRemoves,
     /// Second looks of the program's removals (`removals.rs`).
     pub(crate) removal_retries: Retries,
+    /// Poisoned pages to give another try (`rereads.rs`).
+    pub(crate) rereads: crate::rereads::Rereads,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
     pub(crate) trace: Mutex<Vec<usize>>,
     /// The reclaim clock's hand.
@@ -198,6 +200,7 @@ impl Core {
             nesting: Nesting::new(config.workers),
             own_removes: OwnRemoves::new(config.program_removals),
             removal_retries: Retries::default(),
+            rereads: crate::rereads::Rereads::default(),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),
             copy_jobs: Mutex::new(Vec::new()),

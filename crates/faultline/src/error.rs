@@ -124,12 +124,36 @@ pub enum BuildError {
          (e.g. Python's faulthandler) before the first in-thread manager, or use fault workers"
     )]
     SigbusTaken,
+    /// In-thread faults ([`crate::FaultMode::InThread`]) are SIGBUS, and
+    /// the calling thread blocks it (`pthread_sigmask`): a fault in such a
+    /// thread kills the process, the kernel forcing the signal with the
+    /// default action. Threads inherit the mask of the thread that
+    /// creates them, so a program that blocks every signal before starting
+    /// its threads would lose them all.
+    #[error(
+        "this thread blocks SIGBUS (pthread_sigmask), and in-thread faults (FaultMode::InThread) \
+         are SIGBUS: a fault in a thread that blocks it kills the process (the kernel unblocks \
+         it and resets its action to the default: \"Bus error\", no message); unblock SIGBUS in \
+         every thread that touches region memory (block all signals but SIGBUS), or use fault \
+         workers"
+    )]
+    SigbusBlocked,
 }
 
 /// Why a region could not be mapped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MapError {
+    /// The manager serves faults in the faulting thread
+    /// ([`crate::FaultMode::InThread`]) and the calling thread blocks
+    /// SIGBUS: its touches would kill the process ([`BuildError::SigbusBlocked`]).
+    #[error(
+        "this thread blocks SIGBUS (pthread_sigmask), and the manager serves faults in the \
+         faulting thread (FaultMode::InThread): a touch of a page that is not resident from a \
+         thread that blocks SIGBUS kills the process (\"Bus error\", no message); unblock SIGBUS \
+         in every thread that touches region memory, or use fault workers"
+    )]
+    SigbusBlocked,
     /// Zero length.
     #[error("a region cannot be empty")]
     ZeroLength,
@@ -394,9 +418,10 @@ pub enum BudgetError {
         /// The largest budget this manager allows.
         max: usize,
     },
-    /// Shrinking stopped short: what is left holds pinned, zero-store or
-    /// busy pages that reclaim cannot free.
-    #[error("budget shrank only to {reached} bytes of the {bytes} asked for: the rest holds pages reclaim cannot free (pinned, zero-store or busy)")]
+    /// Shrinking stopped short after its 5 s: what is left holds pinned,
+    /// zero-store or busy pages that reclaim cannot free, or faulting
+    /// threads took the frames reclaim freed before the shrink could.
+    #[error("budget shrank only to {reached} bytes of the {bytes} asked for within 5 s: reclaim could not free the rest in time (pinned, zero-store or busy pages, a slow store, or faulting threads taking the freed frames); the budget stays at {reached} bytes, and calling again goes on")]
     Busy {
         /// The budget asked for.
         bytes: usize,

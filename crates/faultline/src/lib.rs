@@ -53,6 +53,7 @@ mod publish;
 mod reclaim;
 mod region;
 mod removals;
+mod rereads;
 mod stats;
 pub mod store;
 mod sync;
@@ -65,6 +66,7 @@ pub use config::{
 };
 pub use discard::Discard;
 pub use error::{AddrError, BudgetError, BuildError, FaultError, FileHolder, MapError};
+pub use fault::inthread::ready as in_thread_ready;
 pub use frame::PoolId;
 pub use locks::LockStat;
 pub use migrate::{CopyPlan, MigrateError, MigrateReport};

@@ -431,7 +431,8 @@ pub struct StatsSnapshot {
     /// Of those, frames withheld to pay for faultline's own memory (page
     /// tables and metadata: `Config::budget_counts_overhead`).
     pub frames_overhead: usize,
-    /// Faults on poisoned pages served again (the store gets another try).
+    /// Poisoned pages given another try (the store is read again): their
+    /// marker cleared after its back-off, or a fault on a dropped marker.
     pub poison_retries: u64,
     /// Events the standby worker handled while every worker was inside a
     /// store call (a store that reads another region, or a slow store).

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 /// never a torn mix), written, and moved back in. This also reaches pages
 /// the kernel swapped out (the move takes the swap entry) and pages the
 /// program made unreadable (`mprotect`): those cannot be moved and are
-/// reported, not faulted on. A page shared with another process is not
+/// reported ([`StoreError::Protected`]), not faulted on. A page shared with another process is not
 /// waited for: `on_held` reports it or writes it from the region. A page
 /// that fails stays dirty; the others are still written, and the first
 /// error is returned. With `limit`, a page whose lock stays held longer (a
@@ -229,18 +229,34 @@ pub(crate) fn put_run(
 
 /// The write-back error for `page`, which could not be taken out of the
 /// region: `park` fails with the refused move, or with the store's error
-/// while refilling a part the program dropped.
+/// while refilling a part the program dropped. A move refused with
+/// `EINVAL` is looked into: a page whose protection the program changed
+/// (`mprotect`) is [`StoreError::Protected`], naming it.
 fn unparkable(r: &RegionInner, page: usize, e: FaultError) -> StoreError {
+    let addr = r.page_addr(page);
     let source = match e {
         FaultError::Store { source, .. } => return source,
         FaultError::Move { source, .. } => source,
         _ => SysError {
             op: "UFFDIO_MOVE",
-            addr: r.page_addr(page),
+            addr,
             len: r.page_size.bytes(),
             errno: libc::EIO,
         },
     };
+    if source.errno == libc::EINVAL {
+        // Read-write is how faultline maps regions; anything else is the
+        // program's doing.
+        if let Ok(Some(prot)) = faultline_sys::mem::protection_at(addr) {
+            if prot != "PROT_READ|PROT_WRITE" {
+                return StoreError::Protected {
+                    page: page as u64,
+                    addr,
+                    prot,
+                };
+            }
+        }
+    }
     StoreError::Unreadable {
         page: page as u64,
         source,

@@ -210,3 +210,139 @@ fn a_handler_installed_over_faultlines_is_refused_by_the_next_manager() {
         "refused: SigbusTaken",
     );
 }
+
+/// Blocks every signal in the calling thread, as C servers' worker threads
+/// often do (`pthread_sigmask(SIG_BLOCK, <all>)`).
+fn block_all_signals() {
+    // SAFETY: an all-zero sigset_t is valid; sigfillset initialises it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `all` is a live sigset_t; a null old set is allowed.
+    let rc = unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut())
+    };
+    assert_eq!(rc, 0, "pthread_sigmask");
+}
+
+/// Issue 39 item 2: a thread that blocks SIGBUS and touches a page that is
+/// not resident. The kernel forces the SIGBUS (unblocking it and resetting
+/// the action to the default): the process dies of SIGBUS, and no handler
+/// can say why — the documented limit. What faultline does: the thread can
+/// ask first (`in_thread_ready`), and `map` from it is refused.
+#[test]
+fn a_thread_that_blocks_sigbus_dies_of_its_fault_and_is_told_first() {
+    if common::in_child() {
+        let mm = manager(4 * MIB);
+        let r = mm.map(MIB, Zero, MapOptions::new()).expect("map");
+        set_byte(&r, 0, 1);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                block_all_signals();
+                match faultline::in_thread_ready() {
+                    Err(e @ faultline::BuildError::SigbusBlocked) => eprintln!("ready: {e}"),
+                    other => eprintln!("ready said {other:?}"),
+                }
+                match mm.map(MIB, Zero, MapOptions::new()) {
+                    Err(e @ faultline::MapError::SigbusBlocked) => eprintln!("map: {e}"),
+                    Err(e) => eprintln!("map: another error: {e}"),
+                    Ok(_) => eprintln!("map: mapped"),
+                }
+                set_byte(&r, MIB - PAGE, 1);
+                eprintln!("the touch returned: no SIGBUS");
+            });
+        });
+        std::process::exit(0);
+    }
+    let (signal, stderr) = common::child_signal_and_stderr(
+        "a_thread_that_blocks_sigbus_dies_of_its_fault_and_is_told_first",
+    );
+    assert_eq!(signal, Some(libc::SIGBUS), "{stderr}");
+    assert!(
+        stderr.contains("ready: this thread blocks SIGBUS")
+            && stderr.contains("map: this thread blocks SIGBUS"),
+        "the thread is told before it touches: {stderr}"
+    );
+    assert!(
+        !stderr.contains("faultline: SIGBUS at"),
+        "no handler runs for a forced SIGBUS: {stderr}"
+    );
+}
+
+#[test]
+fn a_thread_that_blocks_sigbus_cannot_build_an_in_thread_manager() {
+    let res = std::thread::spawn(|| {
+        block_all_signals();
+        let mut c = common::config(4 * MIB);
+        c.fault_mode = FaultMode::InThread;
+        faultline::ManagerBuilder::from_config(c).build().err()
+    })
+    .join()
+    .expect("builder thread");
+    match res {
+        Some(e @ faultline::BuildError::SigbusBlocked) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("this thread blocks SIGBUS")
+                    && text.contains("kills the process")
+                    && text.contains("unblock SIGBUS"),
+                "{text}"
+            );
+        }
+        Some(e) => panic!("another error: {e}"),
+        None => panic!("built: its faults in this thread would kill the process"),
+    }
+}
+
+/// faultline's threads inherit the mask of the thread that builds the
+/// manager; one that blocked SIGBUS would die of an in-thread fault (a
+/// store reading another manager's in-thread region). They unblock it.
+#[test]
+fn faultlines_threads_take_sigbus_even_when_their_creator_blocks_it() {
+    let mm = std::thread::spawn(|| {
+        block_all_signals();
+        // Workers: building from a blocking thread is allowed.
+        common::manager_with(common::config(4 * MIB))
+    })
+    .join()
+    .expect("builder thread");
+    // A new thread unblocks SIGBUS first thing, once it runs: give each a
+    // moment to start.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let (seen, blocking) = faultline_threads_blocking_sigbus();
+        assert!(seen > 0, "no faultline thread found in /proc/self/task");
+        if blocking.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "faultline threads block SIGBUS: {blocking:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(mm);
+}
+
+/// The faultline threads of this process, and those of them (name, SigBlk)
+/// that block SIGBUS.
+fn faultline_threads_blocking_sigbus() -> (usize, Vec<(String, String)>) {
+    let (mut seen, mut blocking) = (0, Vec::new());
+    for task in std::fs::read_dir("/proc/self/task").expect("tasks") {
+        let dir = task.expect("task").path();
+        // A thread that exits meanwhile reads as empty.
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.starts_with("faultline-") {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        let Some(blk) = status.lines().find_map(|l| l.strip_prefix("SigBlk:")) else {
+            continue;
+        };
+        let mask = u64::from_str_radix(blk.trim(), 16).expect("SigBlk");
+        seen += 1;
+        if mask & (1 << (libc::SIGBUS - 1)) != 0 {
+            blocking.push((comm.trim().to_owned(), blk.trim().to_owned()));
+        }
+    }
+    (seen, blocking)
+}

@@ -25,6 +25,7 @@ const LAYERS: &[&str] = &[
     "nesting",
     "own_remove",
     "removals",
+    "rereads",
     "stats",
     "region",
     "copyjob",

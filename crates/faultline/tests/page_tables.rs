@@ -339,9 +339,20 @@ fn flush_of_a_protected_page_is_an_error_not_a_crash() {
         t0.elapsed()
     );
     match err {
-        faultline::StoreError::Unreadable { page, .. } => assert_eq!(page, 3),
-        other => panic!("unexpected error {other}"),
+        faultline::StoreError::Protected { page, addr, prot } => {
+            assert_eq!((page, addr, prot), (3, locked, "PROT_NONE"));
+        }
+        ref other => panic!("unexpected error {other}"),
     }
+    // The text names the page, its address and its protection, not the
+    // kernel's EINVAL from the refused move.
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("page 3 at {locked:#x} is PROT_NONE"))
+            && text.contains("mprotect")
+            && !text.contains("Invalid argument"),
+        "{text}"
+    );
     let on_disk = std::fs::read(&path).expect("read");
     for p in (0..8).filter(|&p| p != 3) {
         assert_eq!(on_disk[p * PAGE], 0x77, "page {p} was written");

@@ -446,7 +446,15 @@ fn write_back_out_of_space_writes_what_fits_and_keeps_the_rest() {
 #[test]
 fn running_out_of_file_descriptors_is_builds_error() {
     if common::in_child() {
-        let used = std::fs::read_dir("/proc/self/fd").expect("fds").count() as u64;
+        // The limit bounds descriptor numbers: below the lowest free one
+        // every number is taken, so a limit of that many leaves none.
+        // SAFETY: duplicates stdin to the lowest free number, closed at once.
+        let used = unsafe {
+            let fd = libc::dup(0);
+            assert!(fd >= 0, "dup: {}", std::io::Error::last_os_error());
+            libc::close(fd);
+            fd as u64
+        };
         let mut hard = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -470,6 +478,19 @@ fn running_out_of_file_descriptors_is_builds_error() {
                 Ok(mm) => mm,
                 Err(e) => {
                     println!("{free} free: refused: {e}");
+                    // The cause is the descriptor shortage, named as such
+                    // (not "run as root": this runs as root), and a step on
+                    // no address range names none ("on 0x0+0x0").
+                    let text = e.to_string();
+                    assert!(
+                        text.contains("Too many open files")
+                            && !text.contains("run as root")
+                            && !text.contains("0x0+0x0"),
+                        "{free} free: the error does not name EMFILE alone: {text}"
+                    );
+                    if free == 0 {
+                        assert!(text.contains("EMFILE"), "{text}");
+                    }
                     refused += 1;
                     continue;
                 }

@@ -138,3 +138,123 @@ fn failing_write_back_keeps_the_data() {
     // Let the teardown's write-back succeed.
     store.fail_writes.store(false, Ordering::Relaxed);
 }
+
+/// Pages of `page as u8 | 0x80`; reads of `flaky` fail until `fails` of
+/// them have failed, reads of `dead` always fail. Counts each page's reads.
+#[derive(Debug)]
+struct Recovering {
+    flaky: u64,
+    fails: std::sync::atomic::AtomicU32,
+    dead: u64,
+    reads: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
+}
+
+impl Recovering {
+    fn reads_of(&self, page: u64) -> u32 {
+        self.reads
+            .lock()
+            .expect("reads")
+            .get(&page)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl Store for Recovering {
+    fn name(&self) -> &'static str {
+        "recovering"
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        *self.reads.lock().expect("reads").entry(page).or_insert(0) += 1;
+        let failing = page == self.dead
+            || (page == self.flaky
+                && self
+                    .fails
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok());
+        if failing {
+            return Err(StoreError::Io {
+                op: "read",
+                page,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        buf.fill(page as u8 | 0x80);
+        Ok(())
+    }
+
+    fn write(&self, _page: u64, _buf: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Issue 39 item 4: a page whose store read failed stayed poisoned until
+/// `prefetch`: a program retrying the access got SIGBUS (EFAULT here, a
+/// kernel-mode access) forever, though the store was fine again. Now each
+/// failed access still fails with its cause queued, and a later access
+/// after a back-off (50 ms, doubling, at most 5 s) reads the store again:
+/// the page fills only from the read that succeeds. A store that keeps
+/// failing is retried at that pace, not hammered.
+#[test]
+fn a_page_whose_store_read_failed_is_read_again_by_a_later_access() {
+    let mm = manager(8 * MIB);
+    let store = std::sync::Arc::new(Recovering {
+        flaky: 5,
+        fails: std::sync::atomic::AtomicU32::new(3),
+        dead: 9,
+        reads: std::sync::Mutex::default(),
+    });
+    let r = mm
+        .map_shared(MIB, store.clone(), MapOptions::new())
+        .expect("map");
+    let (flaky, dead) = (r.addr() + 5 * 4096, r.addr() + 9 * 4096);
+    let t0 = std::time::Instant::now();
+    let mut failed = 0;
+    loop {
+        match kernel_read(flaky) {
+            0 => break,
+            libc::EFAULT => failed += 1,
+            e => panic!("errno {e}"),
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "still failing after {:?} and {failed} tries: the store was read {} times",
+            t0.elapsed(),
+            store.reads_of(5)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(failed >= 3, "each failed read failed its access ({failed})");
+    assert_eq!(
+        store.reads_of(5),
+        4,
+        "three failures, then the one that worked"
+    );
+    assert_eq!(byte(&r, 5 * 4096), 5 | 0x80, "filled from the good read");
+    let mut causes = 0;
+    while let Some(e) = r.take_error() {
+        match e {
+            FaultError::Store { addr, ref source } if addr == flaky => {
+                assert_eq!(source.errno(), Some(libc::EIO));
+                causes += 1;
+            }
+            other => panic!("unexpected error {other}"),
+        }
+    }
+    assert_eq!(causes, 3, "each failure's cause was queued");
+    // A page whose store never recovers: every access fails (never reads
+    // zeros), and the store is asked at the back-off's pace.
+    let t1 = std::time::Instant::now();
+    while t1.elapsed() < std::time::Duration::from_millis(1200) {
+        assert_eq!(kernel_read(dead), libc::EFAULT, "a dead page never reads");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // 50 + 100 + 200 + 400 ms of back-off fit in 1.2 s: 4 or 5 reads.
+    let n = store.reads_of(9);
+    assert!((3..=6).contains(&n), "the dead page was read {n} times");
+}

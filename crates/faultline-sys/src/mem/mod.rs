@@ -13,7 +13,7 @@
 //! - `mapping`: [`Mapping`] — making, splitting, unmapping;
 //! - `advise`: [`Advice`] and the calls on a range of a mapping (`madvise`,
 //!   `mbind`, `mincore`, `MADV_DONTNEED`);
-//! - `pagemap`: [`PageMap`].
+//! - `pagemap`: [`PageMap`], and [`protection_at`] (`/proc/self/maps`).
 
 mod advise;
 mod mapping;
@@ -21,4 +21,4 @@ mod pagemap;
 
 pub use advise::Advice;
 pub use mapping::Mapping;
-pub use pagemap::PageMap;
+pub use pagemap::{protection_at, PageMap};

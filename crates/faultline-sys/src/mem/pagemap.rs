@@ -1,7 +1,8 @@
 //! [`PageMap`]: this process's `/proc/self/pagemap`, read entry by entry
 //! (`pread`) or walked with the `PAGEMAP_SCAN` ioctl (Linux 6.7): which pages
 //! hold data, which were written since they were last write-protected, and
-//! how much of a range is mapped by huge pages.
+//! how much of a range is mapped by huge pages; and from `/proc/self/maps`,
+//! the protection of the mapping holding an address ([`protection_at`]).
 //!
 //! Invariants: `PmScanArg` and `PageRegion` have the kernel's layout
 //! (`include/uapi/linux/fs.h`), and `PAGEMAP_SCAN` encodes the size of
@@ -221,6 +222,47 @@ impl PageMap {
     }
 }
 
+/// The protection of the mapping holding `addr`, as `/proc/self/maps`
+/// gives it (`"PROT_NONE"`, `"PROT_READ"`, `"PROT_READ|PROT_WRITE"`, ...),
+/// or `None` when nothing is mapped there. Reads the whole file: for error
+/// paths (why a page could not be moved), not for hot ones.
+///
+/// # Errors
+/// Reading `/proc/self/maps` failed (`addr` 0: no range concerned).
+pub fn protection_at(addr: usize) -> Result<Option<&'static str>, SysError> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| SysError {
+        op: "read /proc/self/maps",
+        addr: 0,
+        len: 0,
+        errno: e.raw_os_error().unwrap_or(libc::EIO),
+    })?;
+    Ok(maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let (start, end) = (
+            usize::from_str_radix(start, 16).ok()?,
+            usize::from_str_radix(end, 16).ok()?,
+        );
+        let perms = fields.next()?.as_bytes();
+        (start..end).contains(&addr).then(|| prot_name(perms))
+    }))
+}
+
+/// `PROT_*` names for the `rwx` of a `/proc/self/maps` line.
+fn prot_name(perms: &[u8]) -> &'static str {
+    let bit = |i: usize, c: u8| perms.get(i) == Some(&c);
+    match (bit(0, b'r'), bit(1, b'w'), bit(2, b'x')) {
+        (false, false, false) => "PROT_NONE",
+        (true, false, false) => "PROT_READ",
+        (true, true, false) => "PROT_READ|PROT_WRITE",
+        (true, false, true) => "PROT_READ|PROT_EXEC",
+        (true, true, true) => "PROT_READ|PROT_WRITE|PROT_EXEC",
+        (false, true, false) => "PROT_WRITE",
+        (false, false, true) => "PROT_EXEC",
+        (false, true, true) => "PROT_WRITE|PROT_EXEC",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +282,19 @@ mod tests {
         let mut v = Vec::new();
         pm.has_data(a, 8, &mut v).expect("read");
         assert_eq!(v, [false, false, false, false, false, true, false, false]);
+    }
+
+    #[test]
+    fn protection_at_reads_what_mprotect_set() {
+        let m = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        let a = m.addr() + PAGE_SIZE;
+        // SAFETY: one page of our own mapping, no references into it.
+        let rc = unsafe { libc::mprotect(a as *mut libc::c_void, PAGE_SIZE, libc::PROT_NONE) };
+        assert_eq!(rc, 0);
+        assert_eq!(protection_at(a).expect("maps"), Some("PROT_NONE"));
+        assert_eq!(
+            protection_at(m.addr()).expect("maps"),
+            Some("PROT_READ|PROT_WRITE")
+        );
     }
 }

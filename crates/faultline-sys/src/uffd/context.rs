@@ -31,6 +31,18 @@ pub enum OpenError {
         /// errno of opening `/dev/userfaultfd` (or of its `USERFAULTFD_IOC_NEW`).
         device_errno: i32,
     },
+    /// No file descriptor was free for the context: the process is at its
+    /// `RLIMIT_NOFILE` (`EMFILE`), or the system at `fs.file-max`
+    /// (`ENFILE`). Not a permission problem, whoever runs it.
+    #[error(
+        "no file descriptor free for the userfaultfd: {} ({}); close descriptors, or raise the limit \
+         (`ulimit -n`, RLIMIT_NOFILE; `fs.file-max` for ENFILE)",
+        errno_name(*errno), std::io::Error::from_raw_os_error(*errno)
+    )]
+    NoDescriptors {
+        /// `EMFILE` or `ENFILE`.
+        errno: i32,
+    },
     /// The `UFFDIO_API` handshake failed.
     #[error("UFFDIO_API handshake failed: {0}")]
     Api(#[source] SysError),
@@ -91,10 +103,27 @@ fn open_raw() -> Result<OwnedFd, OpenError> {
         }
         Err(e) => e.raw_os_error().unwrap_or(libc::ENODEV),
     };
+    // Out of descriptors is the cause whatever the privileges: the
+    // syscall (or, where it is refused, the device) needed one.
+    if let Some(errno) = [syscall_errno, device_errno]
+        .into_iter()
+        .find(|&e| e == libc::EMFILE || e == libc::ENFILE)
+    {
+        return Err(OpenError::NoDescriptors { errno });
+    }
     Err(OpenError::Unavailable {
         syscall_errno,
         device_errno,
     })
+}
+
+/// The symbolic name of the descriptor-shortage errnos.
+fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        _ => "errno",
+    }
 }
 
 fn api(fd: &OwnedFd, features: Features) -> Result<Features, SysError> {

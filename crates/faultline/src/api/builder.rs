@@ -156,10 +156,16 @@ impl ManagerBuilder {
     /// [`BuildError::Uffd`] when userfaultfd is missing or lacks a feature
     /// faultline needs; [`BuildError::Pool`], [`BuildError::Sys`] and
     /// [`BuildError::Thread`] carry the errno of the step that failed
-    /// (`EMFILE` when out of file descriptors).
+    /// (`EMFILE` when out of file descriptors); in-thread mode,
+    /// [`BuildError::SigbusBlocked`] when the calling thread blocks SIGBUS
+    /// and [`BuildError::SigbusTaken`] (see [`crate::in_thread_ready`]).
     pub fn build(self) -> Result<Manager, BuildError> {
         let config = self.config;
         config.validate()?;
+        if config.fault_mode == crate::config::FaultMode::InThread {
+            // A thread that blocks SIGBUS would die of its first fault.
+            crate::fault::inthread::ready()?;
+        }
         let mut required = Features::MOVE
             .with(Features::POISON)
             .with(Features::EVENT_UNMAP);

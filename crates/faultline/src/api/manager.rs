@@ -89,7 +89,9 @@ impl Manager {
     /// writable by another region of this manager
     /// ([`MapError::Overlaps`]); a file range mapped by a region of another
     /// manager or process, one of the two writable
-    /// ([`MapError::FileInUse`]); a failed system call, with its errno.
+    /// ([`MapError::FileInUse`]); for an in-thread manager, a calling
+    /// thread that blocks SIGBUS ([`MapError::SigbusBlocked`]); a failed
+    /// system call, with its errno.
     pub fn map(
         &self,
         len: usize,
@@ -142,6 +144,11 @@ impl Manager {
             return Err(MapError::NoHugePages);
         }
         let core = self.core();
+        if core.config.fault_mode == crate::config::FaultMode::InThread
+            && faultline_sys::signal::sigbus_blocked() == Ok(true)
+        {
+            return Err(MapError::SigbusBlocked);
+        }
         let id = core.next_region_id();
         let claim = core.objects.claim(id, store.as_ref(), len, self.number)?;
         let mapped = self.map_range(id, len, store, opts);
@@ -252,10 +259,20 @@ impl Manager {
     /// pressure) and gives the freed memory back to the kernel; growing
     /// (up to [`crate::Config::budget_max`]) populates more pool.
     ///
+    /// A shrink returns within about 5 s: it reclaims until the budget is
+    /// down or 5 s have passed, finishing only the store write under way
+    /// then (a slow store's one call, e.g. a Redis write waiting out
+    /// `RedisOptions::retry_for`, can add its own time). Threads that fault
+    /// meanwhile compete for the frames reclaim frees, so under load a
+    /// shrink may end `Busy` short of the target even though every page is
+    /// evictable; calling again goes on from what was reached.
+    ///
     /// # Errors
-    /// [`BudgetError`]: not a multiple of 2 MiB, above `budget_max`, or a
-    /// shrink that could not free enough within 5 s (pinned, zero-store or
-    /// busy pages) — the budget is then what was reached.
+    /// [`BudgetError`]: not a multiple of 2 MiB, above `budget_max`, or
+    /// [`BudgetError::Busy`], a shrink that had not reached `bytes` after
+    /// 5 s (pinned, zero-store or busy pages, or frames taken by faulting
+    /// threads as reclaim freed them) — the budget is then what was
+    /// reached, `reached` bytes, and stays so.
     pub fn set_budget(&self, bytes: usize) -> Result<(), BudgetError> {
         crate::reclaim::set_budget(self.core(), bytes)
     }

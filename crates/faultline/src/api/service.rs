@@ -104,7 +104,15 @@ impl Service {
         let c = Arc::clone(&self.core);
         let h = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(c))
+            .spawn(move || {
+                // A thread inherits its creator's mask: one that blocks
+                // SIGBUS would die of an in-thread fault (a store that
+                // reads another manager's in-thread region).
+                if let Err(e) = faultline_sys::signal::unblock_sigbus() {
+                    tracing::warn!("faultline thread keeps SIGBUS blocked: {e}");
+                }
+                run(c)
+            })
             .map_err(BuildError::Thread)?;
         self.threads.push(h);
         Ok(())

@@ -177,6 +177,16 @@ pub enum FaultMode {
     /// `EFAULT` (a `read(2)` into region memory: [`crate::Region::prefetch`]
     /// the range first), and the process's SIGBUS action is faultline's
     /// (signals it does not serve go on to the action it replaced).
+    ///
+    /// Every thread that touches region memory must leave SIGBUS
+    /// unblocked: a fault in a thread that blocks it (`pthread_sigmask`
+    /// with every signal, common in C servers' worker threads) kills the
+    /// process — the kernel forces the signal, unblocking it and resetting
+    /// the process's action to the default, so no handler runs and nothing
+    /// is printed (`Bus error`, exit status 135). `build` and `map` refuse
+    /// a calling thread that blocks it (`SigbusBlocked`), faultline's own
+    /// threads unblock it, and [`crate::in_thread_ready`] checks any other
+    /// thread; block every signal but SIGBUS, or use workers.
     InThread,
 }
 

@@ -16,6 +16,10 @@
 //! thread's own (a hashed lock it holds), the nested fault is served under
 //! it. `errno` is kept across the handler.
 //!
+//! A thread that blocks SIGBUS cannot be served here: the kernel forces
+//! the signal with the default action ([`ready`]), so `build` and `map`
+//! refuse such a calling thread and faultline's own threads unblock it.
+//!
 //! The registry: a fixed table of slots, each holding a leaked
 //! `Arc<Core>` and a count of handlers using it. A handler counts itself
 //! in, then loads the pointer; unregistering clears the pointer, then
@@ -47,6 +51,35 @@ static SLOTS_TABLE: [Slot; SLOTS] = [const {
         users: AtomicUsize::new(0),
     }
 }; SLOTS];
+
+/// Whether faults served in the faulting thread
+/// ([`crate::FaultMode::InThread`]) can reach faultline from the calling
+/// thread: `Ok` when this thread does not block SIGBUS and faultline's
+/// handler (if installed yet) is still the process's SIGBUS action.
+///
+/// A thread that blocks SIGBUS (`pthread_sigmask`, as C servers' worker
+/// threads often do with every signal) cannot take in-thread faults: the
+/// kernel forces a fault's SIGBUS on it — unblocking the signal and
+/// resetting the process's action to the default — so the process dies
+/// (`Bus error`, exit status 135) before any handler can say why.
+/// `Manager::build` and `Manager::map` of an in-thread manager refuse a
+/// calling thread that blocks SIGBUS; a thread that touches region memory
+/// it did not map can call this first. faultline's own threads unblock
+/// SIGBUS when they start.
+///
+/// # Errors
+/// [`BuildError::SigbusBlocked`] when this thread blocks SIGBUS;
+/// [`BuildError::SigbusTaken`] when another handler replaced faultline's;
+/// [`BuildError::Sys`] if the signal mask cannot be read.
+pub fn ready() -> Result<(), BuildError> {
+    if signal::sigbus_blocked()? {
+        return Err(BuildError::SigbusBlocked);
+    }
+    if signal::sigbus_installed() && !signal::sigbus_is(on_sigbus)? {
+        return Err(BuildError::SigbusTaken);
+    }
+    Ok(())
+}
 
 /// A manager's place in the registry; unregisters on drop.
 #[derive(Debug)]
@@ -177,9 +210,9 @@ fn serve(core: &Core, addr: usize) -> bool {
     if region.state(page) == crate::region::PageState::Poisoned {
         // The retried access of a fault that was refused: the kernel
         // reports its poison marker as a missing page too, so the state
-        // tells. The thread gets the SIGBUS (worker mode retries the store
-        // only once the program drops the marker, which here cannot be
-        // told apart; `Region::discard` clears it).
+        // tells. The thread gets the SIGBUS; a worker clears the marker
+        // once its back-off is over (`reread.rs`), and the next access
+        // faults afresh and tries the store again.
         return false;
     }
     super::service::count_fault(core, region.page_size);

@@ -35,6 +35,7 @@
 pub(crate) mod ahead;
 pub(crate) mod inthread;
 mod remove;
+mod reread;
 mod resolve;
 pub(crate) mod service;
 mod unit;

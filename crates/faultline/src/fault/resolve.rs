@@ -1,6 +1,7 @@
 //! Resolving one fault, under the page's lock: what the page's state asks
 //! for (absent: serve it; parked: move its frame back; resident: a racing
-//! fault's wake-up, or a dropped part to gather; poisoned: retry the store;
+//! fault's wake-up, or a dropped part to gather; poisoned: retry the store
+//! (a poisoned page's marker is also cleared after a back-off, `reread.rs`);
 //! gone: the program unmapped it), and for an absent page the steps in
 //! order: choose the unit, take its frame and fill it ([`super::unit`],
 //! [`crate::fill`]) → record the pages resident → move it in
@@ -72,22 +73,14 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
         PageState::Absent => serve(core, region, page, how),
         PageState::Poisoned => {
             // A fault on a poisoned page: the program dropped the poison
-            // marker (MADV_DONTNEED: waking would loop forever), or a thread
-            // touches it again after a SIGBUS. Either way the store gets
-            // another try (its error may have been transient): the marker
-            // goes, and the page is served afresh — or poisoned again.
-            let addr = region.page_addr(page);
-            let len = region.page_size.bytes();
-            // SAFETY: a poisoned page holds no data, only the kernel's
-            // poison marker, and nothing references it.
-            let cleared = core.own_removes.run(addr, addr + len, || unsafe {
-                region.map.discard(addr, len)
-            });
-            if let Err(source) = cleared {
+            // marker (MADV_DONTNEED: waking would loop forever), or
+            // `prefetch` asks for it. Either way the store gets another
+            // try (its error may have been transient): the marker goes,
+            // and the page is served afresh — or poisoned again.
+            if let Err(source) = clear_poison(core, region, page) {
+                let addr = region.page_addr(page);
                 return poison(core, region, page, FaultError::Move { addr, source }, how);
             }
-            region.set_state(page, PageState::Absent);
-            Stats::bump(&core.stats.poison_retries);
             serve(core, region, page, how)
         }
         PageState::Parked(f) => unpark(core, region, page, f),
@@ -433,8 +426,29 @@ fn poison_hole(
     Resolution::Poisoned
 }
 
+/// Clears poisoned `page`'s marker, so that its next access faults again
+/// (and reads the store afresh): the page is absent after. Caller holds
+/// the page's lock and has seen it `Poisoned`.
+pub(super) fn clear_poison(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+) -> Result<(), faultline_sys::SysError> {
+    let addr = region.page_addr(page);
+    let len = region.page_size.bytes();
+    // SAFETY: a poisoned page holds no data, only the kernel's poison
+    // marker, and nothing references it.
+    core.own_removes.run(addr, addr + len, || unsafe {
+        region.map.discard(addr, len)
+    })?;
+    region.set_state(page, PageState::Absent);
+    Stats::bump(&core.stats.poison_retries);
+    Ok(())
+}
+
 /// Poisons `page` so its threads get SIGBUS, and records `cause`; a nested
-/// fault is retried instead ([`retry_later`]).
+/// fault is retried instead ([`retry_later`]). The marker is cleared after
+/// a back-off (`rereads.rs`), so a later access tries the store again.
 fn poison(
     core: &Core,
     region: &RegionInner,
@@ -465,6 +479,10 @@ fn poison(
         Ok(Resolved::Done) => {
             region.set_state(page, PageState::Poisoned);
             Stats::bump(&core.stats.poisoned);
+            core.rereads.failed(region.id, page);
+            // Wake a worker to time the clearing (in-thread mode poisons
+            // from a signal handler: an eventfd write is safe there).
+            let _ = core.deferred_fd.signal();
         }
         Ok(other) => {
             // Partly mapped or raced: wake, and the thread refaults.

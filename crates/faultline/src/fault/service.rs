@@ -46,8 +46,10 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
         match intake.turn(&core, worker) {
             Turn::Handled(_) => {
                 last_event = Instant::now();
-                // Second looks of removals come due under load too.
+                // Second looks of removals, and poison markers to clear,
+                // come due under load too.
                 let _ = super::remove::retry(&core);
+                let _ = super::reread::retry(&core);
             }
             Turn::Failed => {}
             Turn::Idle => {
@@ -61,7 +63,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                 if crate::migrate::help(&core, worker) {
                     continue;
                 }
-                if super::remove::retry(&core) {
+                if super::remove::retry(&core) || super::reread::retry(&core) {
                     continue;
                 }
                 if !spin.is_zero() && last_event.elapsed() < spin {
@@ -73,8 +75,13 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                     std::hint::spin_loop();
                     continue;
                 }
-                // Second looks of a removal are due within a millisecond.
-                let timeout = if core.removal_retries.any() { 1 } else { -1 };
+                // Second looks of a removal are due within a millisecond;
+                // a poison marker when its back-off ends.
+                let timeout = if core.removal_retries.any() {
+                    1
+                } else {
+                    super::reread::wait_ms(&core)
+                };
                 match waiter.wait(timeout) {
                     Ok(Ready::Other(0)) => return,
                     Ok(Ready::Other(_)) => {

@@ -414,7 +414,11 @@ const SHRINK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Sets the budget to `bytes` (see `Manager::set_budget`): growing gives
 /// withheld frames back to the budget, populated; shrinking withholds idle
-/// frames, then free ones, reclaiming until enough are free.
+/// frames, then free ones, reclaiming until enough are free — for at most
+/// [`SHRINK_WAIT`]: a reclaim pass stops at the deadline (after the store
+/// write under way), and the shrink then ends `Busy` with what it reached,
+/// whether the last pass freed pages or not (faulting threads may take the
+/// freed frames as fast as reclaim frees them).
 pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
     let huge = faultline_sys::HUGE_PAGE_SIZE;
     if bytes < huge || bytes % huge != 0 {
@@ -448,13 +452,13 @@ pub(crate) fn set_budget(core: &Core, bytes: usize) -> Result<(), BudgetError> {
         if need == 0 {
             break;
         }
-        let freed = reclaim(core, need, None, || false);
-        if freed == 0 && std::time::Instant::now() > deadline {
+        if std::time::Instant::now() >= deadline {
             return Err(BudgetError::Busy {
                 bytes,
                 reached: budget::user_budget_pages(core) * PAGE_SIZE,
             });
         }
+        reclaim(core, need, None, || std::time::Instant::now() >= deadline);
     }
     Ok(())
 }

@@ -47,6 +47,25 @@ pub enum StoreError {
         #[source]
         source: faultline_sys::SysError,
     },
+    /// A dirty page the program changed the protection of (`mprotect`, e.g.
+    /// to `PROT_NONE`): the kernel will not move it out of the region
+    /// (`UFFDIO_MOVE` answers `EINVAL` for a page whose protection differs
+    /// from faultline's frames), so it cannot be written back. It stays
+    /// dirty; once the program makes it `PROT_READ|PROT_WRITE` again, a
+    /// flush writes it.
+    #[error(
+        "page {page} at {addr:#x} is {prot} (protected by the program with mprotect), so it \
+         cannot be taken out of the region to be written back; it stays dirty: make it \
+         PROT_READ|PROT_WRITE again and flush"
+    )]
+    Protected {
+        /// Page index within the region.
+        page: u64,
+        /// The page's address.
+        addr: usize,
+        /// Its protection, as `PROT_*` names (`"PROT_NONE"`).
+        prot: &'static str,
+    },
     /// The store panicked (a bug in it); faultline caught the panic, so the
     /// worker that called it lives on and the page gets this error.
     #[error("store {op} of page {page} panicked: {message}")]
@@ -96,6 +115,7 @@ impl StoreError {
         match self {
             StoreError::Io { source, .. } => source.raw_os_error(),
             StoreError::Unreadable { source, .. } => Some(source.errno),
+            StoreError::Protected { .. } => Some(libc::EACCES),
             StoreError::Remote { source, .. } => source
                 .downcast_ref::<std::io::Error>()
                 .and_then(std::io::Error::raw_os_error),
@@ -129,7 +149,9 @@ pub trait Store: Send + Sync + Debug {
     ///
     /// # Errors
     /// Any [`StoreError`]: the page is poisoned (its faulting thread gets
-    /// SIGBUS), the error is queued, and the next touch tries again.
+    /// SIGBUS), the error is queued, and the first touch after a back-off
+    /// (50 ms, doubling with each failure in a row, at most 5 s) tries
+    /// again.
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError>;
 
     /// Fills `buf` (a whole number of pages of `page_size` bytes) with the
