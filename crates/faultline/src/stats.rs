@@ -581,7 +581,7 @@ mod tests {
         assert!((1_990..=2_010).contains(&snap.service.p50_ns));
         assert_eq!(snap.faults(), 1);
         let text = snap.to_string();
-        assert!(text.contains("412 used"), "{text}");
+        assert!(text.contains("(412 of 512 4 KiB frames)"), "{text}");
     }
 
     #[test]

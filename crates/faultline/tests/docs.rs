@@ -176,5 +176,8 @@ fn every_readme_shell_block_is_run() {
         assert!(known, "a C README shell block no test runs:\n{b}");
     }
     let others: Vec<String> = blocks(&py, "sh").into_iter().skip(1).collect();
-    assert!(others.is_empty(), "Python README shell blocks no test runs: {others:?}");
+    assert!(
+        others.is_empty(),
+        "Python README shell blocks no test runs: {others:?}"
+    );
 }

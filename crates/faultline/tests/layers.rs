@@ -280,3 +280,101 @@ fn the_checker_sees_grouped_and_plain_imports() {
     let refs: Vec<String> = crate_refs(&code).into_iter().collect();
     assert_eq!(refs, ["core", "frame", "stats"]);
 }
+
+/// Inside each folder module (`fault/`, `frame/`, ...), the files import
+/// one another without a cycle: `super::x` and `crate::<folder>::x` paths
+/// (outside comments) are the edges; `mod.rs`, the folder's shared
+/// vocabulary, is not a node.
+#[test]
+fn folders_have_no_import_cycles() {
+    let mut cycles = Vec::new();
+    let mut folders: Vec<PathBuf> = std::fs::read_dir(src())
+        .expect("read src")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    folders.sort();
+    for dir in folders {
+        let folder = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_string();
+        let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .expect("read folder")
+            .map(|e| e.expect("dir entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+            .filter_map(|p| {
+                let stem = p.file_stem()?.to_str()?.to_string();
+                (stem != "mod")
+                    .then(|| (stem, code_only(&std::fs::read_to_string(&p).expect("read"))))
+            })
+            .collect();
+        files.sort();
+        let names: Vec<String> = files.iter().map(|(n, _)| n.clone()).collect();
+        let edges: Vec<Vec<usize>> = files
+            .iter()
+            .map(|(me, code)| {
+                names
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, other)| *other != me)
+                    .filter(|(_, other)| {
+                        [
+                            format!("super::{other}"),
+                            format!("crate::{folder}::{other}"),
+                        ]
+                        .iter()
+                        .any(|p| {
+                            code.match_indices(p.as_str()).any(|(i, _)| {
+                                !code[i + p.len()..]
+                                    .starts_with(|c: char| c.is_alphanumeric() || c == '_')
+                            })
+                        })
+                    })
+                    .map(|(j, _)| j)
+                    .collect()
+            })
+            .collect();
+        // Depth-first search for a back edge.
+        fn visit(
+            n: usize,
+            edges: &[Vec<usize>],
+            state: &mut [u8],
+            path: &mut Vec<usize>,
+        ) -> Option<Vec<usize>> {
+            state[n] = 1;
+            path.push(n);
+            for &m in &edges[n] {
+                if state[m] == 1 {
+                    let at = path.iter().position(|&x| x == m).unwrap_or(0);
+                    let mut cycle = path[at..].to_vec();
+                    cycle.push(m);
+                    return Some(cycle);
+                }
+                if state[m] == 0 {
+                    if let Some(c) = visit(m, edges, state, path) {
+                        return Some(c);
+                    }
+                }
+            }
+            path.pop();
+            state[n] = 2;
+            None
+        }
+        let mut state = vec![0u8; names.len()];
+        for n in 0..names.len() {
+            if state[n] == 0 {
+                if let Some(c) = visit(n, &edges, &mut state, &mut Vec::new()) {
+                    let c: Vec<&str> = c.iter().map(|&i| names[i].as_str()).collect();
+                    cycles.push(format!("{folder}/: {}", c.join(" -> ")));
+                }
+            }
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "import cycles inside folders:\n{}",
+        cycles.join("\n")
+    );
+}

@@ -1,6 +1,6 @@
 //! Read-ahead mapped ahead of a sequential stream: a fault that continues a
 //! stream of a store-backed 4 KiB region offers the window after its own
-//! run ([`offer`]); an idle worker reads that window and moves it in
+//! run (`offers.rs`); an idle worker reads that window and moves it in
 //! ([`serve`]) before the program gets there, so a sequential reader faults
 //! once per two windows and its next window is read while it works through
 //! the current one.
@@ -10,38 +10,13 @@
 //! its frames (a run from what is free now, or nothing), never offers a
 //! window of its own (no chain to the end of the file), and skips a page
 //! that is not absent or whose lock a thread stopped in a store call
-//! holds. The queue is bounded ([`QUEUE`]): an offer to a full queue is
-//! dropped. Locks: the queue's mutex (leaf), then the page's fault lock
-//! (waited for).
+//! holds. Locks: the page's fault lock (waited for).
 
-use super::resolve::{resolve, Fault};
+use super::resolve::resolve;
+use super::{lock_unless_lent, Fault};
 use crate::core::{Ahead, Core};
 use crate::frame::FrameAllocator;
-use crate::region::{PageState, RegionInner};
-
-/// Windows waiting for a worker, at most.
-const QUEUE: usize = 16;
-
-/// Offers the window from `page` of `region` to the workers.
-pub(super) fn offer(core: &Core, region: &RegionInner, page: usize) {
-    {
-        let mut q = core.ahead.lock();
-        if q.len() >= QUEUE {
-            return;
-        }
-        q.push_back(Ahead {
-            addr: region.page_addr(page),
-            region: region.id,
-        });
-    }
-    // Best effort: a worker that is not woken finds it at its next turn.
-    let _ = core.deferred_fd.signal();
-}
-
-/// Takes one offered window, if any.
-pub(super) fn next(core: &Core) -> Option<Ahead> {
-    core.ahead.lock().pop_front()
-}
+use crate::region::PageState;
 
 /// Reads and maps offered window `a` (see the module doc). `worker` is the
 /// serving worker's index.
@@ -64,7 +39,7 @@ pub(super) fn serve(core: &Core, worker: usize, a: Ahead) {
     // covers a whole read-ahead window): wait for it, unless its holder
     // is a thread stopped in a store call.
     let idx = core.locks.index(domain, key);
-    let Some(guard) = super::service::lock_unless_lent(core, idx) else {
+    let Some(guard) = lock_unless_lent(core, idx) else {
         return;
     };
     if region.state(page) != PageState::Absent {

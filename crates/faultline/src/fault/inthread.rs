@@ -27,7 +27,8 @@
 //! SeqCst: whichever comes first in the single order, the other sees it).
 //! No locks of its own.
 
-use super::resolve::{resolve, Fault};
+use super::resolve::resolve;
+use super::Fault;
 use super::Resolution;
 use crate::core::Core;
 use crate::error::BuildError;

@@ -34,6 +34,7 @@
 
 pub(crate) mod ahead;
 pub(crate) mod inthread;
+mod offers;
 mod remove;
 mod reread;
 mod resolve;
@@ -60,4 +61,51 @@ pub(crate) enum Resolution {
     /// store call; the event went back on the deferred queue (or, for a
     /// nested fault that could not be served, the thread was woken to retry).
     Retry,
+}
+
+/// How one fault is being served.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fault {
+    /// The faulting address.
+    pub(crate) addr: usize,
+    /// Positive after a move that kept failing with `EAGAIN`/`EBUSY`, and
+    /// for a lent serve: the page alone (no fault-around, no read-ahead),
+    /// another frame.
+    pub(crate) attempt: u32,
+    /// Served under the lock of the stopped thread that faulted
+    /// (`nesting.rs`): this server holds no lock, so reclaim must not step
+    /// pages as if it did.
+    pub(crate) lent: bool,
+    /// The faulting thread is inside a store call (a faultline thread):
+    /// never poisoned — a SIGBUS there would kill the process — but woken to
+    /// retry, with the cause queued.
+    pub(crate) nested: bool,
+    /// A read-ahead window mapped ahead of its stream ([`ahead`]):
+    /// nobody waits for it, so a failure is dropped (the page stays absent,
+    /// nothing is poisoned or queued), no frame is reclaimed for it, and it
+    /// offers no window of its own.
+    pub(crate) ahead: bool,
+}
+
+impl Fault {
+    /// A fault at `addr` from an application thread.
+    pub(crate) fn at(addr: usize) -> Fault {
+        Fault {
+            addr,
+            attempt: 0,
+            lent: false,
+            nested: false,
+            ahead: false,
+        }
+    }
+}
+
+/// Takes fault lock `idx`, unless its holder is a thread stopped inside a
+/// store call (a lender): waiting for it could wait for the very fault
+/// this server would serve next. Checked every 10 ms of waiting.
+fn lock_unless_lent(core: &crate::core::Core, idx: usize) -> Option<crate::locks::FaultGuard<'_>> {
+    core.locks
+        .lock_index_unless(idx, std::time::Duration::from_millis(10), |owner| {
+            core.nesting.is_lending(owner)
+        })
 }

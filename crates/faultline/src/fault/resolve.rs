@@ -14,6 +14,7 @@
 //! fault-around and read-ahead runs).
 
 use super::unit::{self, Unit};
+use super::Fault;
 use super::Resolution;
 use crate::core::Core;
 use crate::error::FaultError;
@@ -24,43 +25,6 @@ use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::uffd::Resolved;
 use faultline_sys::PAGE_SIZE;
-
-/// How one fault is being served.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Fault {
-    /// The faulting address.
-    pub(crate) addr: usize,
-    /// Positive after a move that kept failing with `EAGAIN`/`EBUSY`, and
-    /// for a lent serve: the page alone (no fault-around, no read-ahead),
-    /// another frame.
-    pub(crate) attempt: u32,
-    /// Served under the lock of the stopped thread that faulted
-    /// (`nesting.rs`): this server holds no lock, so reclaim must not step
-    /// pages as if it did.
-    pub(crate) lent: bool,
-    /// The faulting thread is inside a store call (a faultline thread):
-    /// never poisoned — a SIGBUS there would kill the process — but woken to
-    /// retry, with the cause queued.
-    pub(crate) nested: bool,
-    /// A read-ahead window mapped ahead of its stream ([`super::ahead`]):
-    /// nobody waits for it, so a failure is dropped (the page stays absent,
-    /// nothing is poisoned or queued), no frame is reclaimed for it, and it
-    /// offers no window of its own.
-    pub(crate) ahead: bool,
-}
-
-impl Fault {
-    /// A fault at `addr` from an application thread.
-    pub(crate) fn at(addr: usize) -> Fault {
-        Fault {
-            addr,
-            attempt: 0,
-            lent: false,
-            nested: false,
-            ahead: false,
-        }
-    }
-}
 
 /// Resolves a fault on `page` of `region`. Caller holds the page's lock
 /// (or, for a lent serve, the stopped faulting thread does).
@@ -108,7 +72,7 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
     let res = map_in(core, region, page, u, how);
     if let (Resolution::Moved, Some(next)) = (res, offer) {
         // Read while the program works through the run just mapped.
-        super::ahead::offer(core, region, next);
+        super::offers::offer(core, region, next);
     }
     res
 }

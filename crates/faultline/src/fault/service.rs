@@ -11,12 +11,12 @@
 //! and sleep again. Locks: the deferred queue's mutex (leaf), then the
 //! page's fault lock while resolving.
 
-use super::resolve::{resolve, Fault};
+use super::resolve::resolve;
 use super::Resolution;
+use super::{lock_unless_lent, Fault};
 use crate::config::PageSize;
 use crate::core::{Core, Queued};
 use crate::error::FaultError;
-use crate::locks::FaultGuard;
 use crate::stats::Stats;
 use faultline_sys::uffd::{Event, Ready, Waiter};
 use faultline_sys::{host, PAGE_SIZE};
@@ -56,7 +56,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                 // Idle: map a read-ahead window ahead of its stream, or take
                 // a piece of an offered migration copy, then look at the
                 // userfaultfd again before the next one.
-                if let Some(a) = super::ahead::next(&core) {
+                if let Some(a) = super::offers::next(&core) {
                     super::ahead::serve(&core, worker, a);
                     continue;
                 }
@@ -282,16 +282,6 @@ fn trace(core: &Core, addr: usize) {
             t.push(addr);
         }
     }
-}
-
-/// Takes fault lock `idx`, unless its holder is a thread stopped inside a
-/// store call (a lender): waiting for it could wait for the very fault
-/// this server would serve next. Checked every 10 ms of waiting.
-pub(super) fn lock_unless_lent(core: &Core, idx: usize) -> Option<FaultGuard<'_>> {
-    core.locks
-        .lock_index_unless(idx, Duration::from_millis(10), |owner| {
-            core.nesting.is_lending(owner)
-        })
 }
 
 /// Puts an event whose lock a lender holds back at the end of the deferred

@@ -13,7 +13,7 @@
 //! the page's fault lock; a read-ahead run's other locks are only tried,
 //! never waited for (no lock order matters), and handed back in `guards`.
 
-use super::resolve::Fault;
+use super::Fault;
 use crate::config::PageSize;
 use crate::core::Core;
 use crate::error::FaultError;

@@ -19,5 +19,5 @@ mod pools;
 #[cfg_attr(not(feature = "bench-internals"), allow(unused_imports))]
 pub use alloc::{AllocConfig, FrameAlloc, FrameAllocator};
 pub use balloon::{Balloon, Ledger};
-pub use pool::{Frame, Pool, PoolError, HUGE_ORDER, PAGES_PER_HUGE};
-pub use pools::{FramePools, PartSpec, PoolId};
+pub use pool::{Frame, PartSpec, Pool, PoolError, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
+pub use pools::FramePools;

@@ -38,6 +38,25 @@ use faultline_sys::{SysError, HUGE_PAGE_SIZE, PAGE_SIZE};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// A pool's number: 0 is the budget (the pool faults allocate from).
+pub type PoolId = usize;
+
+/// One part of the pool mapping: its size, node binding, pool and zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartSpec {
+    /// Bytes, a multiple of 2 MiB.
+    pub bytes: usize,
+    /// NUMA node the part is bound to, if any.
+    pub node: Option<u32>,
+    /// The pool it belongs to.
+    pub pool: PoolId,
+    /// Backed by transparent huge pages (false: the small-page zone).
+    pub huge: bool,
+    /// Populated at build; if not, every frame of the part starts out held
+    /// by the balloon ([`super::FramePools::take_unpopulated`]).
+    pub populate: bool,
+}
+
 /// Pages per 2 MiB block.
 pub const PAGES_PER_HUGE: usize = HUGE_PAGE_SIZE / PAGE_SIZE;
 /// Buddy order of a 2 MiB frame.
@@ -131,7 +150,7 @@ impl Pool {
     /// to NUMA node `node` if one is named, and backed by transparent huge
     /// pages unless `huge` is false (a small-page zone: 4 KiB pages that
     /// move out without splitting a THP).
-    pub fn new(parts: &[super::pools::PartSpec], uffd: &Uffd) -> Result<Pool, PoolError> {
+    pub fn new(parts: &[PartSpec], uffd: &Uffd) -> Result<Pool, PoolError> {
         let bytes: usize = parts.iter().map(|p| p.bytes).sum();
         debug_assert!(bytes % HUGE_PAGE_SIZE == 0 && bytes > 0);
         let map = Mapping::anonymous(bytes, HUGE_PAGE_SIZE)?;

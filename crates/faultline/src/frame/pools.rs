@@ -31,26 +31,7 @@
 //! Locks: only those of the per-pool allocators, never two pools' at once.
 
 use super::alloc::{AllocConfig, FrameAlloc, FrameAllocator};
-use super::pool::Frame;
-
-/// A pool's number: 0 is the budget (the pool faults allocate from).
-pub type PoolId = usize;
-
-/// One part of the pool mapping: its size, node binding, pool and zone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartSpec {
-    /// Bytes, a multiple of 2 MiB.
-    pub bytes: usize,
-    /// NUMA node the part is bound to, if any.
-    pub node: Option<u32>,
-    /// The pool it belongs to.
-    pub pool: PoolId,
-    /// Backed by transparent huge pages (false: the small-page zone).
-    pub huge: bool,
-    /// Populated at build; if not, every frame of the part starts out held
-    /// by the balloon ([`FramePools::take_unpopulated`]).
-    pub populate: bool,
-}
+use super::pool::{Frame, PartSpec, PoolId};
 
 #[derive(Debug)]
 struct Part {
