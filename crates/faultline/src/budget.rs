@@ -69,7 +69,7 @@ pub(crate) fn inflate(core: &Core, pages: usize, withheld: bool, small: bool) ->
     }
     let (released, mut back) = each_frame(core, frames, |f| {
         let at = core.pool.addr_of(f);
-        core.own_removes
+        core.own_discards
             .run(at, at + f.bytes(), || core.pool.release(f))
     });
     // Not released: still populated, still free memory.

@@ -16,14 +16,14 @@
 use crate::config::Config;
 use crate::copyjob::CopyJob;
 use crate::dirty::Fingerprints;
+use crate::drop_rechecks::DropRechecks;
 use crate::error::FaultError;
 use crate::frame::{Balloon, Frame, FrameAllocator, FramePools, Pool};
 use crate::locks::FaultLocks;
 use crate::nesting::Nesting;
 use crate::objects::Objects;
-use crate::own_remove::OwnRemoves;
+use crate::own_discards::OwnDiscards;
 use crate::region::{OverheadSum, RegionTable};
-use crate::removals::Retries;
 use crate::stats::Stats;
 use faultline_sys::mem::PageMap;
 use faultline_sys::uffd::{Event, EventFd, Uffd};
@@ -122,10 +122,10 @@ pub(crate) struct Core {
     /// Nested faults: lenders and the standby's trigger (`nesting.rs`).
     pub(crate) nesting: Nesting,
     /// faultline's own `MADV_DONTNEED` calls on registered memory, told
-    /// apart from the program's (`own_remove.rs`).
-    pub(crate) own_removes: OwnRemoves,
-    /// Second looks of the program's removals (`removals.rs`).
-    pub(crate) removal_retries: Retries,
+    /// apart from the program's (`own_discards.rs`).
+    pub(crate) own_discards: OwnDiscards,
+    /// Second looks of the program's removals (`drop_rechecks.rs`).
+    pub(crate) drop_rechecks: DropRechecks,
     /// Poisoned pages to give another try (`rereads.rs`).
     pub(crate) rereads: crate::rereads::Rereads,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
@@ -198,8 +198,8 @@ impl Core {
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers),
-            own_removes: OwnRemoves::new(config.program_removals),
-            removal_retries: Retries::default(),
+            own_discards: OwnDiscards::new(config.program_removals),
+            drop_rechecks: DropRechecks::default(),
             rereads: crate::rereads::Rereads::default(),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),
@@ -235,7 +235,7 @@ impl Core {
         self.reserve_cv.notify_all();
         self.kick.wake();
         self.nesting.wake_standby();
-        self.own_removes.stop();
+        self.own_discards.stop();
     }
 
     /// Gives the pre-zeroed reserve back to the allocator (at shutdown, or

@@ -21,12 +21,11 @@
 //!
 //! The public API is [`Manager`], [`ManagerBuilder`], [`Region`], the
 //! [`Store`] trait with its stores in [`store`], [`Config`] and the errors.
-//! The modules behind it, lowest layer first (each imports only from the
-//! layers before it; `tests/layers.rs` checks this): `sync`, `memops`,
-//! `dirty` → `config` → `store` → `frame` → `error` → `locks` → `nesting`, `stats` →
-//! `region` → `copyjob` → `core` → `pagemove` → `fill`, `writeback` →
-//! `publish` → `reclaim` → `migrate` → `fault` → `api`. docs/design.md has the map.
-//! Only `faultline-sys` makes system calls.
+//! The modules behind it are layered, each importing only from the layers
+//! below it (the order is `LAYERS` in `tests/layers.rs`, which checks it,
+//! and the map in docs/design.md says which file owns which rule), with no
+//! import cycle inside a folder either. Only `faultline-sys` makes system
+//! calls.
 
 mod api;
 mod budget;
@@ -35,6 +34,7 @@ mod copyjob;
 mod core;
 mod dirty;
 mod discard;
+mod drop_rechecks;
 mod error;
 mod exclusive;
 mod fault;
@@ -47,12 +47,11 @@ mod migrate;
 mod nesting;
 mod objects;
 mod overhead;
-mod own_remove;
+mod own_discards;
 mod pagemove;
 mod publish;
 mod reclaim;
 mod region;
-mod removals;
 mod rereads;
 mod stats;
 pub mod store;

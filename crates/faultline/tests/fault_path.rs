@@ -206,7 +206,7 @@ fn dropped_page_is_served_again() {
     assert_eq!(byte(&r, 0), 0, "a dropped anonymous page reads zeros again");
     let st = settled(&mm);
     // Given back by the removal's handler, or gathered by the refault if
-    // the handler came late (`fault/remove.rs`).
+    // the handler came late (`fault/program_drop.rs`).
     assert_eq!(st.removed_by_program + st.refaulted_dropped, 1, "{st}");
     assert_eq!(
         st.frames_free, before,

@@ -1,6 +1,6 @@
 //! The threads of one manager and their shutdown: the fault workers, the
 //! standby worker, the reclaimer, the zeroing worker and the pump of
-//! faultline's own removal events (`own_remove.rs`), all holding an
+//! faultline's own removal events (`own_discards.rs`), all holding an
 //! `Arc<Core>`. The [`Manager`](super::Manager) and every
 //! [`Region`](super::Region) hold an `Arc<Service>`; when the last one is
 //! dropped, the core is told to stop, the shutdown eventfd is signalled and
@@ -87,7 +87,7 @@ impl Service {
         }
         if service.core.config.program_removals {
             service.spawn("faultline-pump".into(), |c| {
-                c.own_removes.run_pump(|| c.pump_events())
+                c.own_discards.run_pump(|| c.pump_events())
             })?;
         }
         if service.core.config.prezero && service.core.pool.thp() {

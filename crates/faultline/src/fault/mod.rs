@@ -35,7 +35,7 @@
 pub(crate) mod ahead;
 pub(crate) mod inthread;
 mod offers;
-mod remove;
+mod program_drop;
 mod reread;
 mod resolve;
 pub(crate) mod service;

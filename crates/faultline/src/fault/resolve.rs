@@ -402,7 +402,7 @@ pub(super) fn clear_poison(
     let len = region.page_size.bytes();
     // SAFETY: a poisoned page holds no data, only the kernel's poison
     // marker, and nothing references it.
-    core.own_removes.run(addr, addr + len, || unsafe {
+    core.own_discards.run(addr, addr + len, || unsafe {
         region.map.discard(addr, len)
     })?;
     region.set_state(page, PageState::Absent);

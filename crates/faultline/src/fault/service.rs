@@ -48,7 +48,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                 last_event = Instant::now();
                 // Second looks of removals, and poison markers to clear,
                 // come due under load too.
-                let _ = super::remove::retry(&core);
+                let _ = super::program_drop::retry(&core);
                 let _ = super::reread::retry(&core);
             }
             Turn::Failed => {}
@@ -63,7 +63,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                 if crate::migrate::help(&core, worker) {
                     continue;
                 }
-                if super::remove::retry(&core) || super::reread::retry(&core) {
+                if super::program_drop::retry(&core) || super::reread::retry(&core) {
                     continue;
                 }
                 if !spin.is_zero() && last_event.elapsed() < spin {
@@ -77,7 +77,7 @@ pub(crate) fn run_worker(core: Arc<Core>, worker: usize, waiter: Waiter) {
                 }
                 // Second looks of a removal are due within a millisecond;
                 // a poison marker when its back-off ends.
-                let timeout = if core.removal_retries.any() {
+                let timeout = if core.drop_rechecks.any() {
                     1
                 } else {
                     super::reread::wait_ms(&core)
@@ -188,7 +188,7 @@ pub(crate) fn handle(
         Event::Remove { start, end } => {
             // It waits for page locks.
             defer(core, rest);
-            super::remove::removed(core, start, end, stamp);
+            super::program_drop::removed(core, start, end, stamp);
             return Resolution::Stray;
         }
         Event::Other(_) => return Resolution::Stray,

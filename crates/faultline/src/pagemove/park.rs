@@ -260,7 +260,7 @@ pub(crate) fn drop_empty_page_table(core: &Core, r: &RegionInner, addr: usize, l
     // faultline does maps it while the caller holds its lock): no data and
     // no reference can be in it.
     let dropped = core
-        .own_removes
+        .own_discards
         .run(addr, addr + len, || unsafe { r.map.discard(addr, len) });
     if dropped.is_ok() {
         Stats::bump(&core.stats.pt_discards);

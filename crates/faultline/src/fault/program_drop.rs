@@ -25,7 +25,7 @@
 //!   only cuts is refilled from the store where it was zapped, when next
 //!   touched.
 //!
-//! faultline's own `MADV_DONTNEED` calls are skipped (`own_remove.rs`);
+//! faultline's own `MADV_DONTNEED` calls are skipped (`own_discards.rs`);
 //! handled as the program's they would be harmless by the rule above (the
 //! caller holds the page's lock and maps it), only wasted work.
 //!
@@ -33,11 +33,11 @@
 //! lock, one at a time (the retry queue's leaf lock apart).
 
 use crate::core::Core;
+use crate::drop_rechecks::Retry;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove::{self, Holes};
 use crate::region::{PageState, RegionInner};
-use crate::removals::Retry;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ const AGAIN: Duration = Duration::from_micros(200);
 /// region id was `stamp` (a region mapped after the read is new: left
 /// alone, as in `unmap.rs`).
 pub(crate) fn removed(core: &Core, start: usize, end: usize, stamp: u64) {
-    if core.own_removes.claim(start, end) {
+    if core.own_discards.claim(start, end) {
         return;
     }
     let snap = core.table.snapshot();
@@ -67,7 +67,7 @@ pub(crate) fn removed(core: &Core, start: usize, end: usize, stamp: u64) {
         pages.retain(|&page| !try_page(core, r, page, start, end));
         if !pages.is_empty() {
             let now = Instant::now();
-            core.removal_retries.push(Retry {
+            core.drop_rechecks.push(Retry {
                 region: r.id,
                 start,
                 end,
@@ -82,7 +82,7 @@ pub(crate) fn removed(core: &Core, start: usize, end: usize, stamp: u64) {
 /// Takes one due second look, if any, and makes it (see the module docs).
 /// Returns whether there was one.
 pub(super) fn retry(core: &Core) -> bool {
-    let Some(mut t) = core.removal_retries.due() else {
+    let Some(mut t) = core.drop_rechecks.due() else {
         return false;
     };
     let snap = core.table.snapshot();
@@ -91,7 +91,7 @@ pub(super) fn retry(core: &Core) -> bool {
             .retain(|&page| !try_page(core, r, page, t.start, t.end));
         if !t.pages.is_empty() && Instant::now() < t.until {
             t.next = Instant::now() + AGAIN;
-            core.removal_retries.push(t);
+            core.drop_rechecks.push(t);
         }
     }
     true

@@ -4,21 +4,21 @@
 //! With `UFFD_FEATURE_EVENT_REMOVE` the kernel reports every
 //! `MADV_DONTNEED` / `MADV_FREE` on a registered range, and the calling
 //! thread waits until some thread has read the event. The program's calls
-//! are what `fault/remove.rs` handles (their pages' frames go back to the
+//! are what `fault/program_drop.rs` handles (their pages' frames go back to the
 //! pool); faultline makes such calls too — a pool frame given back to the
 //! kernel (the balloon), an empty page table dropped before a 2 MiB move, a
 //! poison marker cleared — and two rules follow for those:
 //!
-//! 1. Each goes through [`OwnRemoves::run`], which records its range
+//! 1. Each goes through [`OwnDiscards::run`], which records its range
 //!    before the call. An event read that lies inside a recorded range is
-//!    claimed ([`OwnRemoves::claim`], from `Core::read_events`) and never
+//!    claimed ([`OwnDiscards::claim`], from `Core::read_events`) and never
 //!    recorded as the program's: handled as the program's, it would drop
 //!    the very page the caller is about to map. A record goes
 //!    when the event for its range's end is claimed (a range over several
 //!    mappings gets one event per mapping), or [`KEEP`] after its call
 //!    returned (a call that failed may have sent none).
 //! 2. The caller may hold page locks the workers wait for, or be the only
-//!    worker: the pump ([`OwnRemoves::run_pump`]), woken as an own call
+//!    worker: the pump ([`OwnDiscards::run_pump`]), woken as an own call
 //!    starts, reads pending events into the deferred queue until no own
 //!    call is in flight, so the call always completes. The pump takes no
 //!    page lock.
@@ -62,7 +62,7 @@ struct Ledger {
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub(crate) struct OwnRemoves {
+pub(crate) struct OwnDiscards {
     /// Whether the kernel reports removals at all (`Config::program_removals`):
     /// off, calls are run as they are.
     on: bool,
@@ -73,12 +73,12 @@ pub(crate) struct OwnRemoves {
     in_flight: AtomicUsize,
 }
 
-impl OwnRemoves {
+impl OwnDiscards {
     /// The ledger, `on` when the kernel reports removals.
-    pub(crate) fn new(on: bool) -> OwnRemoves {
-        OwnRemoves {
+    pub(crate) fn new(on: bool) -> OwnDiscards {
+        OwnDiscards {
             on,
-            ..OwnRemoves::default()
+            ..OwnDiscards::default()
         }
     }
 
@@ -160,7 +160,7 @@ impl OwnRemoves {
     }
 }
 
-impl OwnRemoves {
+impl OwnDiscards {
     /// The pump thread's loop (rule 2 of the module docs): sleeps until an
     /// own call starts; while any is in flight, calls `pump` (which reads
     /// pending events into the deferred queue) — back to back for
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn an_own_range_is_claimed_once_and_whole() {
-        let own = OwnRemoves::new(true);
+        let own = OwnDiscards::new(true);
         // The call itself claims nothing; events come while it runs.
         let r = own.run(0x1000, 0x5000, || {
             assert!(!own.claim(0x0, 0x2000), "reaches outside the record");
@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn an_unclaimed_record_outlives_its_call_then_goes() {
-        let own = OwnRemoves::new(true);
+        let own = OwnDiscards::new(true);
         let _ = own.run(0x1000, 0x2000, || Ok(()));
         // Its event may be handled after the call returned.
         assert!(own.claim(0x1000, 0x2000));
@@ -241,7 +241,7 @@ mod tests {
 
     #[test]
     fn after_the_pump_leaves_own_calls_are_refused_not_hung() {
-        let own = OwnRemoves::new(true);
+        let own = OwnDiscards::new(true);
         own.stop();
         own.run_pump(|| {});
         let r = own.run(0x1000, 0x2000, || panic!("must not be called"));

@@ -1,4 +1,4 @@
-//! Second looks of the program's removals (`fault/remove.rs`): pages of a
+//! Second looks of the program's removals (`fault/program_drop.rs`): pages of a
 //! region that the handler of a `MADV_DONTNEED` found still mapped (the
 //! kernel zaps after the event is read, and with `MADV_FREE` not at all),
 //! to be looked at again until a deadline.
@@ -24,13 +24,13 @@ pub(crate) struct Retry {
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub(crate) struct Retries {
+pub(crate) struct DropRechecks {
     queue: Mutex<Vec<Retry>>,
     /// `queue.len()`, for the workers' check without the lock.
     count: AtomicUsize,
 }
 
-impl Retries {
+impl DropRechecks {
     /// Queues a second look.
     pub(crate) fn push(&self, r: Retry) {
         let mut q = self.queue.lock();
@@ -65,7 +65,7 @@ mod tests {
 
     #[test]
     fn a_look_is_taken_once_when_due() {
-        let rs = Retries::default();
+        let rs = DropRechecks::default();
         assert!(!rs.any() && rs.due().is_none());
         let now = Instant::now();
         let look = |next| Retry {
