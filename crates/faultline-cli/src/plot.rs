@@ -391,11 +391,27 @@ fn bars(
         .filter_map(|r| Some(num(r, y)?.max(whisker.and_then(|w| num(r, w)).unwrap_or(0.0))))
         .fold(0f64, f64::max);
     let top = if top > 0.0 { top * 1.15 } else { 1.0 };
+    // Bars more than two orders of magnitude apart (the kernel's 1 µs
+    // fault beside a 150 µs one) go on a log axis, or the small ones
+    // vanish: values are drawn as their log10, labelled as themselves.
+    let least = rows
+        .iter()
+        .filter_map(|r| num(r, y))
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let log = least.is_finite() && top / least > 100.0;
+    let floor = if log { least / 2.0 } else { 0.0 };
+    let at = move |v: f64| if log { v.max(floor).log10() } else { v };
+    let y_label = if log {
+        format!("{y_label} (log scale)")
+    } else {
+        y_label.to_string()
+    };
     let mut chart = ChartBuilder::on(area)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..cats.len() as f64, 0f64..top)?;
+        .build_cartesian_2d(0f64..cats.len() as f64, at(floor)..at(top))?;
     let cat_names = cats.clone();
     chart
         .configure_mesh()
@@ -407,6 +423,16 @@ fn bars(
                 cat_names.get(i).cloned().unwrap_or_default()
             } else {
                 String::new()
+            }
+        })
+        .y_label_formatter(&|v| {
+            let v = if log { 10f64.powf(*v) } else { *v };
+            if v >= 100.0 {
+                format!("{v:.0}")
+            } else if v >= 1.0 {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.2}")
             }
         })
         .y_desc(y_label)
@@ -426,17 +452,17 @@ fn bars(
             let Some(v) = num(r, y) else { continue };
             let x0 = ci as f64 + 0.1 + si as f64 * width;
             rects.push(Rectangle::new(
-                [(x0, 0.0), (x0 + width * 0.9, v)],
+                [(x0, at(floor)), (x0 + width * 0.9, at(v))],
                 color.filled(),
             ));
             if let Some(w) = whisker.and_then(|w| num(r, w)) {
                 let mid = x0 + width * 0.45;
                 whiskers.push(PathElement::new(
-                    vec![(mid, v), (mid, w)],
+                    vec![(mid, at(v)), (mid, at(w))],
                     BLACK.stroke_width(2),
                 ));
                 whiskers.push(PathElement::new(
-                    vec![(mid - width * 0.2, w), (mid + width * 0.2, w)],
+                    vec![(mid - width * 0.2, at(w)), (mid + width * 0.2, at(w))],
                     BLACK.stroke_width(2),
                 ));
             }

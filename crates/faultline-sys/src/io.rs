@@ -7,7 +7,7 @@
 //! that vCPU again — and the device's own completion interrupt costs the
 //! same when it lands on a halted vCPU. A thread that polls keeps its vCPU
 //! running: random 4 KiB `O_DIRECT` reads measured 41 µs polled against
-//! 57–72 µs slept on this project's machine (docs/design.md, "Polled
+//! 57–72 µs slept on this project's machine (docs/measurements.md, "Polled
 //! reads"). The cost is the CPU the poll burns while the read is in flight,
 //! bounded by the caller's `spin`.
 //!

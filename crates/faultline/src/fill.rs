@@ -2,8 +2,8 @@
 //! region — zeros for anonymous memory, the store's bytes otherwise.
 //!
 //! Clearing uses `rep stosb` on x86_64: glibc's `memset` picks a slower path
-//! on this VM, which hides the fast-string CPUID flags (docs/design.md, "Measured
-//! on this kernel"). A frame the pool knows to be zero is not cleared again.
+//! on this VM, which hides the fast-string CPUID flags (docs/measurements.md, "Clearing a
+//! 2 MiB frame"). A frame the pool knows to be zero is not cleared again.
 //!
 //! Invariant: after [`fill`] returns `Ok`, the frame holds exactly the page's
 //! content, and the pool's zero bit for it is clear (it is about to be

@@ -207,7 +207,9 @@ pub fn run(opts: &BenchOpts) -> anyhow::Result<Report> {
         st.service.p99_ns as f64 / 1e3
     ));
     report.notes.push(
-        "vs_kernel: median / the kernel's median for the same page size and access (lower is better).".into(),
+        "vs_kernel: median / the kernel's median for the same page size and access (lower is better). \
+         A faultline p10 below the kernel's is a touch that did not fault: fault-around had mapped its page with \
+         a neighbour's (4 KiB pages, when a touch lands next to a page already there).".into(),
     );
     Ok(report)
 }

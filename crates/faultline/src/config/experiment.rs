@@ -45,7 +45,7 @@ pub struct Experiment {
     pub lookup_cache: LookupCache,
     /// How migration copies a frame (seed 001). Default
     /// [`CopyMethod::ChunkedNt`] (measured fastest when the pages moved
-    /// exceed the caches; see docs/design.md, "Migration").
+    /// exceed the caches; see docs/measurements.md, "Migration's copy").
     pub migrate_copy: CopyMethod,
     /// Threads that share one migration's copy: the migrating thread plus up
     /// to `migrate_threads - 1` fault workers, which take copy chunks only
@@ -53,7 +53,7 @@ pub struct Experiment {
     /// 2-vCPU machine this was measured on, one thread already reaches the
     /// memory bandwidth of the 2 MiB copy, and a helper — a thread of this
     /// process — draws TLB-shootdown IPIs to its CPU for every move while it
-    /// runs (docs/design.md, "Migration").
+    /// runs (docs/measurements.md, "Migration's copy").
     pub migrate_threads: usize,
     /// Bytes per copy chunk handed to a worker (a power of two, 4 KiB to
     /// 2 MiB): the longest a worker is away from its fault queue. Default

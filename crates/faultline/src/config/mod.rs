@@ -235,8 +235,8 @@ impl Config {
     /// at most [`Config::DEFAULT_WORKERS_MAX`]. Every idle worker waits on
     /// the one userfaultfd, and the kernel wakes every waiter for each
     /// fault: on a 16-CPU guest a 4 KiB first touch took 56–62 µs with 16
-    /// workers and 28–34 µs with 2 or 4 (docs/design.md, "Worker
-    /// placement"). More workers serve more store reads at once: set
+    /// workers and 28–34 µs with 2 or 4 (docs/measurements.md, "Workers on
+    /// many CPUs"). More workers serve more store reads at once: set
     /// [`Config::workers`] for many threads faulting over a slow store.
     pub fn default_workers(cpus: usize) -> usize {
         cpus.clamp(1, Self::DEFAULT_WORKERS_MAX)

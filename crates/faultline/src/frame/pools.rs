@@ -22,7 +22,7 @@
 //! (they move as one PMD), smaller ones from the small-page zone first: a
 //! 4 KiB move out of a THP splits its folio (~1 ms) and leaves the block's
 //! other pages write-protected, so each one's first write takes a
-//! copy-on-write fault with a TLB flush (docs/design.md); a small-page zone
+//! copy-on-write fault with a TLB flush (docs/measurements.md, "The first write after a THP split, and the small-page zone"); a small-page zone
 //! has neither.
 //!
 //! Invariant, for each pool: `free(p) + outstanding(p) = pages(p)` (each

@@ -7,7 +7,7 @@
 //! `UFFDIO_MOVE` scatters in physical memory (a move that splits a huge
 //! page makes the rest of it copy-on-write, and the copies land anywhere),
 //! so a 1 MiB read into frames is ~100-250 segments; into this buffer it is
-//! one. Measured (docs/design.md, "Staged direct reads"): 1 MiB `O_DIRECT`
+//! one. Measured (docs/measurements.md, "Staged direct reads"): 1 MiB `O_DIRECT`
 //! reads at 2 at once, 1.3-1.7 GB/s into scattered 4 KiB pages, 2.9 GB/s
 //! into a huge page followed by the copy.
 //!
