@@ -55,7 +55,7 @@ def thp_available():
 def ensure_redis_server():
     """Installs Debian's redis-server when it is not on PATH (root with
     apt-get, as the Rust tests' harness does; one install at a time, under
-    an exclusive lock on a file in the temporary directory); fails the test,
+    an exclusive lock on the temporary directory); fails the test,
     saying why, where it cannot."""
     import fcntl
     import shutil
@@ -66,9 +66,11 @@ def ensure_redis_server():
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         pytest.fail("this test needs redis-server, which is not on PATH (apt-get install -y redis-server)")
-    lock = os.path.join(tempfile.gettempdir(), "faultline-redis-install.lock")
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    # An exclusive flock on the temporary directory itself (as the Rust
+    # harness takes): nothing is created, so nothing is left behind.
+    fd = os.open(tempfile.gettempdir(), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         if shutil.which("redis-server"):
             return
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -78,6 +80,8 @@ def ensure_redis_server():
             out = subprocess.run(install, env=env, capture_output=True, text=True)
             if out.returncode != 0:
                 pytest.fail("this test needs redis-server; apt-get install failed: " + out.stderr[-300:])
+    finally:
+        os.close(fd)
     if shutil.which("redis-server") is None:
         pytest.fail("this test needs redis-server: installed, and still not on PATH")
 

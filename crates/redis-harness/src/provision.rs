@@ -13,8 +13,8 @@
 //!
 //! Tests run in parallel, in threads of one binary and in several
 //! binaries: one install at a time, serialized by a process-wide mutex and
-//! an exclusive lock on a file in the temporary directory (`flock`, which
-//! the kernel drops when a process dies); whoever waited looks again
+//! an exclusive `flock` on the temporary directory (which the kernel drops
+//! when a process dies); whoever waited looks again
 //! before installing. A success is remembered for the process.
 
 use crate::HarnessError;
@@ -86,16 +86,12 @@ pub fn ensure() -> Result<(), HarnessError> {
     }
 }
 
-/// An exclusive lock on the install lock file, held until dropped (`None`
-/// if it cannot be taken: the in-process mutex still serializes).
+/// An exclusive lock on the temporary directory itself (`flock` on its
+/// descriptor: nothing is created, so nothing is left behind), held until
+/// dropped (`None` if it cannot be taken: the in-process mutex still
+/// serializes).
 fn install_lock() -> Option<std::fs::File> {
-    let path = std::env::temp_dir().join("faultline-redis-install.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .ok()?;
+    let f = std::fs::File::open(std::env::temp_dir()).ok()?;
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a descriptor this function holds open; the lock
     // goes with the descriptor (when the returned file drops).
