@@ -60,6 +60,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
     move |source| HarnessError::Io { what, source }
 }
 
+/// The variable naming the directory servers keep their scratch
+/// directories in (default: the temporary directory).
+pub const DIR_ENV: &str = "REDIS_HARNESS_DIR";
+
 /// How long a server has to answer `PING` after it starts.
 const START_WAIT: Duration = Duration::from_secs(10);
 
@@ -110,7 +114,11 @@ impl Server {
 
     fn launch(extra: Vec<String>, bus: bool) -> Result<Server, HarnessError> {
         provision::ensure()?;
-        let dir = std::env::temp_dir().join(format!(
+        // In the temporary directory, or where the caller's environment
+        // says (a test's child process, which may die without dropping its
+        // servers, keeps them in a directory its parent removes).
+        let base = std::env::var_os(DIR_ENV).map_or_else(std::env::temp_dir, PathBuf::from);
+        let dir = base.join(format!(
             "faultline-redis-{}-{}",
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)

@@ -127,6 +127,8 @@ fn spawn_child(test: &str) -> std::process::Output {
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env("FAULTLINE_CHILD", "1")
         .env(CHILD_DIR, dir.path())
+        // Its Redis servers' directories too (redis-harness).
+        .env("REDIS_HARNESS_DIR", dir.path())
         .output()
         .expect("spawn child")
 }
