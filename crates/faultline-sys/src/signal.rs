@@ -91,14 +91,7 @@ pub fn sigbus_blocked() -> Result<bool, crate::SysError> {
     // SAFETY: a null new set only reads this thread's mask into `old`, a
     // live sigset_t.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut old) };
-    if rc != 0 {
-        return Err(crate::SysError {
-            op: "pthread_sigmask",
-            addr: 0,
-            len: 0,
-            errno: rc,
-        });
-    }
+    sigmask_result("pthread_sigmask", rc)?;
     // SAFETY: `old` is an initialised sigset_t.
     Ok(unsafe { libc::sigismember(&old, libc::SIGBUS) } == 1)
 }
@@ -118,15 +111,20 @@ pub fn unblock_sigbus() -> Result<(), crate::SysError> {
     }
     // SAFETY: `set` is initialised; a null old set is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(crate::SysError {
-            op: "pthread_sigmask(SIG_UNBLOCK, SIGBUS)",
+    sigmask_result("pthread_sigmask(SIG_UNBLOCK, SIGBUS)", rc)
+}
+
+/// `pthread_sigmask` returns its error number instead of setting `errno`.
+fn sigmask_result(op: &'static str, rc: libc::c_int) -> Result<(), crate::SysError> {
+    match rc {
+        0 => Ok(()),
+        errno => Err(crate::SysError {
+            op,
             addr: 0,
             len: 0,
-            errno: rc,
-        });
+            errno,
+        }),
     }
-    Ok(())
 }
 
 /// What a SIGBUS says: the address touched, and why.

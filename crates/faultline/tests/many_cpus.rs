@@ -6,7 +6,7 @@
 //! budget is written and read through reclaim. Every byte is checked.
 //! Needs userfaultfd (root); fails with the reason otherwise.
 
-use faultline::store::{File, FileOptions, Zero};
+use faultline::store::Zero;
 use faultline::{Config, CopyMethod, CopyPlan, ManagerBuilder, MapOptions, PageSize, Region};
 
 mod common;
@@ -127,13 +127,7 @@ fn a_manager_sized_for_64_cpus_pages_a_file_through_its_budget() {
     let len = 32 * MIB;
     let path = dir.file("data", &vec![0u8; len]);
     let mm = sized_for(64, 8 * MIB, 0);
-    let r = mm
-        .map(
-            len,
-            File::open(&path, FileOptions::new().writable(true)).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let r = common::map_file(&mm, &path, len / 4096);
     write_words(&r, 7);
     check_words(&r, 7, "through reclaim");
     r.flush().expect("flush");
