@@ -35,6 +35,7 @@ fn _faultline(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<region::PyRegion>()?;
     m.add("FaultlineError", m.py().get_type::<FaultlineError>())?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(manager::remove_stats_files, m)?)?;
     Ok(())
 }
 

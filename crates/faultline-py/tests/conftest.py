@@ -1,5 +1,6 @@
 """Shared fixtures and helpers: a per-test scratch directory, the random
-oracle file (``write_random``), a redis-server of the test's own
+oracle file (``write_random``), a child Python that cleans up after
+itself (``run_python_child``), a redis-server of the test's own
 (``redis_url``, installed when missing), and the userfaultfd check (the tests need
 root or /dev/userfaultfd access: they fail, with that reason, rather than
 skip)."""
@@ -41,6 +42,26 @@ def write_random(path, nbytes, seed):
     data = rng.integers(0, 2**63, size=nbytes // 8, dtype=np.uint64)
     data.tofile(path)
     return data
+
+
+def run_python_child(code, timeout=120):
+    """Runs ``code`` in a child Python; its result (``subprocess``'s).
+    A child that dies of a signal (the SIGBUS tests) runs no exit
+    handler, so its managers' stats files are removed here after it."""
+    import glob
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.wait()
+        for f in glob.glob(f"/dev/shm/faultline/{proc.pid}-*"):
+            os.remove(f)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def thp_available():

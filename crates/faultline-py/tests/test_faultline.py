@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import faultline
-from conftest import thp_available, write_random
+from conftest import run_python_child, thp_available, write_random
 
 MiB = 1 << 20
 
@@ -251,7 +251,7 @@ def test_unservable_fault_reports_then_sigbus(scratch):
         "a[:] = 1\n"
         "print('not reached')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    p = run_python_child(code)
     assert p.returncode == -7, (p.returncode, p.stderr)  # SIGBUS
     assert "not reached" not in p.stdout
     assert "faultline: SIGBUS at 0x" in p.stderr, p.stderr

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import faultline
-from conftest import write_random
+from conftest import run_python_child, write_random
 
 MiB = 1 << 20
 
@@ -116,8 +116,7 @@ def test_kernel_accesses_get_efault_until_prefetched(scratch):
 
 
 def run_child(code):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    return run_python_child(code)
 
 
 def test_unservable_fault_reports_once_then_sigbus():

@@ -25,7 +25,13 @@ traceback, if it is enabled).
 
 import numpy as _np
 
+import atexit as _atexit
+
 from ._faultline import FaultlineError, Manager, Region, parse_size
+from ._faultline import _remove_stats_files
+
+# Managers Python never finalizes at exit would leave their stats files.
+_atexit.register(_remove_stats_files)
 
 __all__ = ["Array", "FaultlineError", "Manager", "Region", "open_array", "parse_size"]
 
