@@ -21,20 +21,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The stats files of the managers this process made (`Manager::stats_file`).
-static STATS_FILES: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
-
 /// Removes the stats files of this process's managers that are still
-/// there: run at interpreter exit (`atexit`, registered by the package),
-/// since Python does not finalize every object then and a manager that is
-/// never dropped never removes its file (`faultline stat` would find it
-/// stale later). A manager still alive keeps working; only its file goes.
+/// there (`/dev/shm/faultline/<pid>-<n>`): run at interpreter exit
+/// (`atexit`, registered by the package), since Python does not finalize
+/// every object then and a manager that is never dropped never removes its
+/// file (`faultline stat` would find it stale later). A manager still
+/// alive keeps working; only its file goes.
 #[pyfunction]
 #[pyo3(name = "_remove_stats_files")]
 pub(crate) fn remove_stats_files() {
-    let files = std::mem::take(&mut *STATS_FILES.lock());
-    for f in files {
-        let _ = std::fs::remove_file(f);
+    let ours = format!("{}-", std::process::id());
+    let Ok(entries) = std::fs::read_dir(faultline::published::STATS_DIR) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&ours) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -147,9 +150,6 @@ impl PyManager {
         let mm = py
             .allow_threads(move || b.build())
             .map_err(|e| err("cannot start a faultline manager", e))?;
-        if let Some(path) = mm.stats_file() {
-            STATS_FILES.lock().push(path.to_path_buf());
-        }
         let errors = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (m, e, s) = (mm.clone(), Arc::clone(&errors), Arc::clone(&stop));

@@ -339,10 +339,7 @@ impl MemoryCgroup {
     /// Processes its OOM killer has killed (`None` if unreadable).
     pub fn oom_kills(&self) -> Option<u64> {
         let text = std::fs::read_to_string(self.dir.join(self.version.oom_file())).ok()?;
-        text.lines().find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == "oom_kill").then(|| v.trim().parse().ok()).flatten()
-        })
+        keyed(&text, "oom_kill").map(|n| n as u64)
     }
 }
 
@@ -362,6 +359,44 @@ impl Drop for MemoryCgroup {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The value of `key` in the text of a flat keyed cgroup file
+/// (`memory.stat`, `memory.events`, `memory.oom_control`: `key value`
+/// lines).
+fn keyed(text: &str, key: &str) -> Option<usize> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// How much more memory this process may take under its memory cgroup's
+/// limit, and the hierarchy: the limit less the usage, plus the cgroup's
+/// clean inactive file pages (page cache the kernel drops before it
+/// refuses anyone memory, as the kubelet's "working set" counts it).
+/// `None` without a memory cgroup or a limit.
+pub fn process_room() -> Option<(usize, Version)> {
+    let (version, dir) = process_memory()?;
+    let limit = read_bytes(&dir.join(version.limit_file()))?;
+    let usage = read_bytes(&dir.join(version.usage_file()))?;
+    Some((
+        limit.saturating_sub(usage.saturating_sub(droppable(version, &dir))),
+        version,
+    ))
+}
+
+/// The page cache a cgroup's limit can drop at once: its inactive file
+/// pages less the dirty and writeback ones, which the limit can only wait
+/// for (`memory.stat`, read once). 0 if the file cannot be read.
+fn droppable(version: Version, dir: &Path) -> usize {
+    let Ok(stat) = std::fs::read_to_string(dir.join("memory.stat")) else {
+        return 0;
+    };
+    let [inactive, dirty, writeback] = version
+        .droppable_fields()
+        .map(|f| keyed(&stat, f).unwrap_or(0));
+    inactive.saturating_sub(dirty + writeback)
 }
 
 /// A byte count in a cgroup file: a number, or `max` (no limit: `None`).
@@ -446,6 +481,26 @@ mod tests {
             Some(Path::new("/sys/fs/cgroup/user.slice/b"))
         );
         assert_eq!(memory_dir(&v2, "12:memory:/a\n"), None);
+    }
+
+    #[test]
+    fn stat_fields_are_read_by_exact_name() {
+        let stat = "inactive_file 4096\ntotal_inactive_file 81920\ncache 12\n";
+        assert_eq!(keyed(stat, "total_inactive_file"), Some(81920));
+        assert_eq!(keyed(stat, "inactive_file"), Some(4096));
+        assert_eq!(keyed(stat, "active_file"), None, "absent");
+        assert_eq!(
+            droppable(Version::V1, Path::new("/nonexistent-faultline")),
+            0
+        );
+        let dir = Scratch::new("stat");
+        let stat = "total_inactive_file 81920\ntotal_dirty 4096\ntotal_writeback 8192\n";
+        std::fs::write(dir.0.join("memory.stat"), stat).expect("memory.stat");
+        assert_eq!(
+            droppable(Version::V1, &dir.0),
+            81920 - 4096 - 8192,
+            "dirty pages wait"
+        );
     }
 
     /// A scratch directory removed on drop, also when the test fails.

@@ -77,30 +77,18 @@ pub fn physical_memory() -> usize {
 /// kubelet's "working set" counts it) and the machine's `MemAvailable`,
 /// whichever is less. `None` if none of them can be read.
 pub fn memory_room() -> Option<(usize, &'static str)> {
-    let read_num = |p: &str| -> Option<usize> {
-        let s = std::fs::read_to_string(p).ok()?;
-        s.trim().parse::<usize>().ok()
-    };
     let mut best: Option<(usize, &'static str)> = None;
     let mut consider = |room: usize, what: &'static str| {
         if best.is_none_or(|(b, _)| room < b) {
             best = Some((room, what));
         }
     };
-    if let Some((version, dir)) = crate::cgroup::process_memory() {
-        let dir = dir.to_string_lossy();
-        if let (Some(limit), Some(usage)) = (
-            read_num(&format!("{dir}/{}", version.limit_file())),
-            read_num(&format!("{dir}/{}", version.usage_file())),
-        ) {
-            let drop = droppable(&dir, version.droppable_fields());
-            let used = usage.saturating_sub(drop);
-            let what = match version {
-                crate::cgroup::Version::V1 => "the memory cgroup (v1) limit",
-                crate::cgroup::Version::V2 => "the memory cgroup (v2) limit",
-            };
-            consider(limit.saturating_sub(used), what);
-        }
+    if let Some((room, version)) = crate::cgroup::process_room() {
+        let what = match version {
+            crate::cgroup::Version::V1 => "the memory cgroup (v1) limit",
+            crate::cgroup::Version::V2 => "the memory cgroup (v2) limit",
+        };
+        consider(room, what);
     }
     if let Ok(mi) = std::fs::read_to_string("/proc/meminfo") {
         if let Some(kb) = mi
@@ -113,31 +101,6 @@ pub fn memory_room() -> Option<(usize, &'static str)> {
         }
     }
     best
-}
-
-/// The page cache a cgroup's limit can drop at once: its inactive file
-/// pages less the dirty and writeback ones (`[inactive, dirty,
-/// writeback]` name the fields of its `memory.stat`, read once), which the
-/// limit can only wait for. 0 if the file cannot be read.
-fn droppable(dir: &str, [inactive, dirty, writeback]: [&str; 3]) -> usize {
-    let Ok(stat) = std::fs::read_to_string(format!("{dir}/memory.stat")) else {
-        return 0;
-    };
-    let waits = stat_field(&stat, dirty) + stat_field(&stat, writeback);
-    stat_field(&stat, inactive).saturating_sub(waits)
-}
-
-/// The value of `field` in the text of a `memory.stat` (bytes); 0 if it
-/// is not there.
-fn stat_field(stat: &str, field: &str) -> usize {
-    stat.lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == field)
-                .then(|| v.trim().parse::<usize>().ok())
-                .flatten()
-        })
-        .unwrap_or(0)
 }
 
 /// The base page size the kernel uses.
@@ -285,25 +248,28 @@ pub fn open_direct(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 /// share, untouched); read-write if `writable`. The same alignment rules as
 /// [`open_direct`]; a file system without `O_DIRECT` fails with `EINVAL`.
 pub fn reopen_direct(file: &std::fs::File, writable: bool) -> std::io::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(writable)
-        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    reopen_with(file, writable, libc::O_DIRECT)
 }
 
 /// `file` opened again (`/proc/self/fd/N`, close-on-exec): a new open file
 /// description of the same file (it works for a deleted file too), for
 /// reading, and for writing if `writable`.
 pub fn reopen(file: &std::fs::File, writable: bool) -> std::io::Result<std::fs::File> {
+    reopen_with(file, writable, 0)
+}
+
+/// [`reopen`] with `flags` added to `O_CLOEXEC`.
+fn reopen_with(
+    file: &std::fs::File,
+    writable: bool,
+    flags: libc::c_int,
+) -> std::io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)
         .write(writable)
-        .custom_flags(libc::O_CLOEXEC)
+        .custom_flags(flags | libc::O_CLOEXEC)
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
@@ -427,22 +393,5 @@ mod tests {
         assert!(b >= a);
         let nodes = numa_nodes();
         assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
-    }
-
-    #[test]
-    fn stat_fields_are_read_by_exact_name() {
-        let stat = "inactive_file 4096\ntotal_inactive_file 81920\ncache 12\n";
-        assert_eq!(stat_field(stat, "total_inactive_file"), 81920);
-        assert_eq!(stat_field(stat, "inactive_file"), 4096);
-        assert_eq!(stat_field(stat, "active_file"), 0, "absent: 0");
-        let v1 = ["total_inactive_file", "total_dirty", "total_writeback"];
-        assert_eq!(droppable("/nonexistent-faultline", v1), 0);
-        let dir = std::env::temp_dir().join(format!("faultline-stat-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let stat = "total_inactive_file 81920\ntotal_dirty 4096\ntotal_writeback 8192\n";
-        std::fs::write(dir.join("memory.stat"), stat).expect("memory.stat");
-        let d = dir.to_str().expect("utf-8 path");
-        assert_eq!(droppable(d, v1), 81920 - 4096 - 8192, "dirty pages wait");
-        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -201,11 +201,12 @@ pub struct PoolSpec {
 
 impl Default for Config {
     fn default() -> Self {
+        let cpus = faultline_sys::host::online_cpus().max(1);
         Config {
             budget: 256 << 20,
             budget_max: None,
-            workers: Config::default_workers(faultline_sys::host::online_cpus()),
-            cpus: faultline_sys::host::online_cpus().max(1),
+            workers: Config::default_workers(cpus),
+            cpus,
             pin_workers: true,
             fault_around: 16,
             prezero: true,

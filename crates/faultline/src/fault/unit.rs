@@ -196,7 +196,7 @@ fn fault_around(
     // window's own (which its lock makes exact for the pages it covers).
     let there = |p: usize| region.state(p) != PageState::Absent;
     let walked = w.start == 0 || w.end >= region.pages() || there(w.start - 1) || there(w.end);
-    (walked && w.clone().all(|p| region.state(p) == PageState::Absent)).then(|| (w.start, w.len()))
+    (walked && !w.clone().any(there)).then(|| (w.start, w.len()))
 }
 
 /// The read-ahead run `(page, n, stream)` for a store-backed 4 KiB region:
