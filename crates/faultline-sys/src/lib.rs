@@ -1,7 +1,7 @@
 //! Raw Linux interfaces for faultline, and the only crate in the workspace that
 //! makes system calls or ioctls.
 //!
-//! Six modules:
+//! Its modules:
 //! - [`uffd`]: a `userfaultfd` context — opening it, the `UFFDIO_API` handshake
 //!   that probes features at run time, (un)registration and the resolving
 //!   ioctls (`MOVE`, `COPY`, `ZEROPAGE`, `WRITEPROTECT`, `WAKE`, `POISON`).
@@ -12,6 +12,8 @@
 //!   current CPU and the CPUs this process may use, cycle counter).
 //! - [`cgroup`]: memory cgroups on v1 and v2 (where mounted, this process's,
 //!   a child with a limit for the benches).
+//! - [`interpose`]: for a library interposing libc's memory and file calls
+//!   (`LD_PRELOAD`): the next definition of each, and facts of a descriptor.
 //! - [`io`]: reads polled on a per-thread `io_uring` (the file store's direct reads).
 //! - [`lock`]: open-file-description byte-range locks (`F_OFD_SETLK`), which
 //!   keep a file range mapped writable by one process only.
@@ -27,6 +29,7 @@
 
 pub mod cgroup;
 pub mod host;
+pub mod interpose;
 pub mod io;
 pub mod lock;
 pub mod mem;
