@@ -13,8 +13,9 @@
 //!   over them (a write-back in flight takes the page out of the region,
 //!   so the copy into it waits for the write-back to finish).
 //! - a **read** (`read`, `pread`, `readv`, `preadv`) of a range a writable
-//!   mapping holds writes that mapping back first, so the file has the
-//!   program's stores; `fsync`/`fdatasync` do the same before syncing.
+//!   mapping holds writes that range's dirty pages back first, so the file
+//!   has the program's stores; `fsync`/`fdatasync` write the whole mapping
+//!   back and make it durable before syncing.
 //! - `ftruncate` drops the pages from the new end of the file on (written
 //!   back first if writable: a write-back never writes past the end).
 //!
@@ -139,8 +140,8 @@ pub(crate) fn before_read(fd: c_int, at: Option<u64>, len: usize) {
     };
     let bytes = at..at + len as u64;
     for s in served.iter().filter(|s| s.writable()) {
-        if held(s, &bytes).is_some() {
-            if let Err(e) = s.flush() {
+        if let Some(r) = held(s, &bytes) {
+            if let Err(e) = s.write_back(r) {
                 eprintln!(
                     "faultline-preload: {}: write-back before read failed: {e}",
                     s.path.display()
@@ -178,7 +179,7 @@ pub(crate) fn after_truncate(fd: c_int, len: u64) {
         let Some(r) = held(s, &(len..u64::MAX)) else {
             continue;
         };
-        if let Err(e) = s.flush() {
+        if let Err(e) = s.write_back(r.clone()) {
             eprintln!(
                 "faultline-preload: {}: write-back at ftruncate failed: {e}",
                 s.path.display()

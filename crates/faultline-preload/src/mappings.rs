@@ -104,11 +104,34 @@ impl Served {
         self.offset..self.offset + self.len() as u64
     }
 
+    /// Writes every dirty page back and makes the file durable.
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
         match &self.region {
             Mapped::Rw(r) => r.flush(),
             Mapped::Ro(_) => Ok(()),
         }
+    }
+
+    /// Writes the dirty pages of region bytes `range` back (not durable).
+    pub(crate) fn write_back(&self, range: Range<usize>) -> Result<(), StoreError> {
+        match &self.region {
+            Mapped::Rw(r) => r.write_back(range.start..range.end.min(self.len())),
+            Mapped::Ro(_) => Ok(()),
+        }
+    }
+
+    /// Writes the dirty pages of region bytes `range` back and makes the
+    /// file durable (`msync`).
+    fn sync(&self, range: Range<usize>) -> Result<(), StoreError> {
+        if !self.writable() {
+            return Ok(());
+        }
+        self.write_back(range)?;
+        self.file.sync_data().map_err(|e| StoreError::Io {
+            op: "flush",
+            page: 0,
+            source: e,
+        })
     }
 
     /// Drops the pages of region bytes `range` (offsets, widened to whole
@@ -674,11 +697,13 @@ fn grow(s: Arc<Served>, new: usize) -> Result<usize, c_int> {
     }
 }
 
-/// `msync(range)`: served writable mappings in it are written back (and
-/// made durable); `EIO` if that fails.
+/// `msync(range)`: the part of each served writable mapping in it is
+/// written back and made durable; `EIO` if that fails.
 pub(crate) fn sync(range: Range<usize>) -> Result<(), c_int> {
     for s in overlapping(&range) {
-        if let Err(e) = s.flush() {
+        let base = s.addr();
+        let cut = range.start.max(base) - base..range.end.min(base + s.len()) - base;
+        if let Err(e) = s.sync(cut) {
             eprintln!(
                 "faultline-preload: {}: msync: write-back failed: {e}",
                 s.path.display()

@@ -19,7 +19,9 @@ impl Inside {
     /// goes to libc) or the thread is exiting (its locals are gone).
     pub(crate) fn enter() -> Option<Inside> {
         INSIDE
-            .try_with(|f| (!f.replace(true)).then_some(Inside(())))
+            // `then`, not `then_some`: a guard made for a nested entry would
+            // be dropped at once, and its drop would clear the outer flag.
+            .try_with(|f| (!f.replace(true)).then(|| Inside(())))
             .ok()
             .flatten()
     }
@@ -45,6 +47,13 @@ mod tests {
     fn nested_entries_are_refused_and_the_flag_clears() {
         let g = Inside::enter().expect("first entry");
         assert!(Inside::enter().is_none());
+        // The refused entry left the flag set.
+        assert!(Inside::enter().is_none());
+        inside(|| assert!(Inside::enter().is_none()));
+        assert!(
+            Inside::enter().is_none(),
+            "a nested inside() cleared the flag"
+        );
         drop(g);
         assert!(Inside::enter().is_some());
     }

@@ -3,7 +3,8 @@
 //! fingerprint ([`crate::dirty`]) — and only from its frame while parked
 //! (out of the region, under its fault lock), so the store gets the page as
 //! it was at one instant. Reclaim writes evicted pages through [`put`];
-//! flush, close and teardown write whole regions through [`write_back`].
+//! flush, close and teardown write whole regions through [`write_back`]
+//! (`Region::write_back` a range of one).
 //!
 //! Invariant: a page whose write fails keeps its data (in the region, or
 //! parked in its frame) and stays dirty; a later write-back retries it.
@@ -20,7 +21,7 @@ use crate::store::StoreError;
 use faultline_sys::SysError;
 use std::sync::atomic::Ordering;
 
-/// Writes every dirty page of `r` back. A resident page is written from
+/// Writes every dirty page of `pages` of `r` back. A resident page is written from
 /// its frame: parked first (moved out of the region, so no thread can write
 /// it during the copy: the store gets the page as it was at one instant,
 /// never a torn mix), written, and moved back in. This also reaches pages
@@ -34,11 +35,12 @@ use std::sync::atomic::Ordering;
 pub(crate) fn write_back(
     core: &Core,
     r: &RegionInner,
+    pages: std::ops::Range<usize>,
     limit: Option<std::time::Duration>,
     on_held: OnHeld<'_>,
 ) -> Result<(), StoreError> {
     let mut first_err = None;
-    for page in r.used_pages(0..r.pages()) {
+    for page in r.used_pages(pages) {
         if matches!(
             r.state(page),
             PageState::Absent | PageState::Poisoned | PageState::Gone

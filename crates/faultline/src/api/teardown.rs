@@ -60,8 +60,40 @@ impl<A: Access> Region<A> {
             return Ok(());
         }
         let core = &self.service.core;
-        writeback::write_back(core, r, None, writeback::OnHeld::Report)?;
+        writeback::write_back(core, r, 0..r.pages(), None, writeback::OnHeld::Report)?;
         r.store.flush()
+    }
+
+    /// Writes the dirty pages of bytes `range` (offsets in the region,
+    /// widened to whole pages) back to the store, as [`Region::flush`]
+    /// does, without making the store durable: afterwards a reader of the
+    /// store (a `pread` of the file) sees every write the program made to
+    /// those pages before the call.
+    ///
+    /// # Errors
+    /// As [`Region::flush`]; a range not inside the region is
+    /// [`StoreError::Unsupported`] naming it.
+    pub fn write_back(&self, range: std::ops::Range<usize>) -> Result<(), StoreError> {
+        let r = &self.inner;
+        if !self.service.core.in_owner() {
+            return Err(StoreError::Unsupported {
+                store: "a faultline region in a child of fork() (the parent writes it back)",
+                op: "write_back",
+            });
+        }
+        let ps = r.page_size.bytes();
+        if range.start > range.end || range.end > r.pages() * ps {
+            return Err(StoreError::Unsupported {
+                store: "a region",
+                op: "write_back of a range not inside it",
+            });
+        }
+        if !r.store.writable() {
+            return Ok(());
+        }
+        let pages = range.start / ps..range.end.div_ceil(ps);
+        let core = &self.service.core;
+        writeback::write_back(core, r, pages, None, writeback::OnHeld::Report)
     }
 
     /// Flushes the region and unmaps it, returning the flush's result.
@@ -107,7 +139,7 @@ fn teardown(core: &Core, r: &RegionInner) {
         // (checked by `write_back` under the page's lock).
         let copy = |addr: usize, buf: &mut [u8]| unsafe { super::access::copy_out(addr, buf) };
         let on_held = writeback::OnHeld::Copy(&copy);
-        if let Err(e) = writeback::write_back(core, r, Some(SHUTDOWN_WAIT), on_held)
+        if let Err(e) = writeback::write_back(core, r, 0..r.pages(), Some(SHUTDOWN_WAIT), on_held)
             .and_then(|()| r.store.flush())
         {
             core.record(FaultError::Store {

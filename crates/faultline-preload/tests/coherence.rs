@@ -1,0 +1,99 @@
+//! The coherence oracle: an unmodified C program (`tests/c/coherence.c`)
+//! whose threads write pages of a file with `write`/`pwrite`/`pwritev` and
+//! (writable mode) stores through a shared mapping, and read them back
+//! through the mapping and `pread`, while the preload pages the mapping
+//! through a budget an eighth of the file (2 MiB of 16). After each write of its own a
+//! thread must read it both ways; every word must name its page. At the
+//! end the file, read here without the preload, must hold every page's
+//! last version (the program's ledger). Run in both modes: a read-only
+//! mapping (writes land in the file, the mapping drops its copies) and a
+//! writable one (writes reach the mapping first; reads write it back).
+
+mod common;
+
+use common::{need_root, preload, run, Scratch};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const PAGE: usize = 4096;
+
+/// The oracle program, compiled into `dir`.
+fn compile(dir: &Scratch) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/coherence.c");
+    let exe = dir.join("coherence");
+    let out = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("running cc (the C compiler: apt-get install gcc)");
+    assert!(
+        out.status.success(),
+        "cc {} failed: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn oracle(mode: &str) {
+    need_root();
+    let dir = Scratch::new(&format!("coherence-{mode}"));
+    let exe = compile(&dir);
+    let (pages, threads, ops) = (4096usize, 4, 5000);
+    let file = dir.join("pages.bin");
+    std::fs::write(&file, b"").expect("creating the file");
+    let ledger = dir.join("ledger");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&file)
+        .arg(pages.to_string())
+        .arg(threads.to_string())
+        .arg(ops.to_string())
+        .arg(mode)
+        .arg(&ledger);
+    preload(&mut cmd, &file.display().to_string(), "2M");
+    let ran = run(
+        &format!("coherence {mode}"),
+        &mut cmd,
+        Duration::from_secs(240),
+    );
+    ran.expect_success(&format!("the coherence oracle ({mode})"));
+    let report = ran.report("coherence");
+    assert_eq!(report.regions, 1, "the file was not served: {}", ran.stderr);
+    assert!(report.evicted > 0, "the budget never pressed: {report:?}");
+    if mode == "rw" {
+        assert!(report.written_back > 0, "nothing written back: {report:?}");
+    }
+    let data = std::fs::read(&file).expect("reading the file back");
+    let versions = std::fs::read(&ledger).expect("reading the ledger");
+    assert_eq!(data.len(), pages * PAGE, "the file's size changed");
+    let mut wrong = Vec::new();
+    for p in 0..pages {
+        let v = u32::from_le_bytes(versions[4 * p..4 * p + 4].try_into().expect("4 bytes"));
+        let want = ((p as u64) << 32) | u64::from(v);
+        let page = &data[p * PAGE..(p + 1) * PAGE];
+        if let Some(w) = page
+            .chunks_exact(8)
+            .position(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")) != want)
+        {
+            wrong.push((p, w));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} pages of the file differ from the program's last writes (page, first wrong word): {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+}
+
+#[test]
+fn writes_reach_a_read_only_mapping_and_the_file() {
+    oracle("ro");
+}
+
+#[test]
+fn writes_reach_a_writable_mapping_and_the_file() {
+    oracle("rw");
+}
