@@ -135,7 +135,9 @@ fn blocks(text: &str, lang: &str) -> Vec<String> {
 /// the README (and the C layer's build line) are run by CI as written; the
 /// Python build block is the Python README's, which CI runs as written; the
 /// `faultline stat` block runs in `faultline-cli`'s tests, the C layer's
-/// Umap build line in `faultline-capi`'s (`tests/readme.rs`).
+/// Umap build line in `faultline-capi`'s (`tests/readme.rs`), and every
+/// block of the preload library's README in `faultline-preload`'s
+/// (`tests/readme.rs`, which runs them all).
 #[test]
 fn every_readme_shell_block_is_run() {
     let root = repo();
@@ -179,5 +181,12 @@ fn every_readme_shell_block_is_run() {
     assert!(
         others.is_empty(),
         "Python README shell blocks no test runs: {others:?}"
+    );
+    let preload_test =
+        std::fs::read_to_string(root.join("crates/faultline-preload/tests/readme.rs"))
+            .expect("the preload README's test");
+    assert!(
+        preload_test.contains("include_str!") || preload_test.contains("\"README.md\""),
+        "crates/faultline-preload/tests/readme.rs no longer reads the preload README"
     );
 }
