@@ -5,6 +5,7 @@
 //! | `FAULTLINE_FILES` | colon-separated glob patterns of absolute paths; a file mapping whose file matches is served by faultline. Unset or empty: the library does nothing |
 //! | `FAULTLINE_BUDGET` | the memory budget: bytes, or a number with `K`, `M` or `G` (binary units); default faultline's |
 //! | `FAULTLINE_WORKERS` | fault workers; default faultline's |
+//! | `FAULTLINE_PRIVATE_DIR` | the overlay directory of private writable mappings (`private_file.rs`; default `/var/tmp`) |
 //! | `FAULTLINE_PRELOAD_REPORT` | non-empty: one line of counts on stderr at exit |
 //! | `FAULTLINE_LOG` | a `tracing` filter for faultline's warnings on stderr (default `warn`) |
 //!

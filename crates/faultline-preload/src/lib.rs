@@ -20,6 +20,8 @@
 //!   descriptor kept coherent with the mappings of the same file;
 //! - `program_file.rs`: the store (faultline's file store, cut at the end
 //!   of the file as the kernel's mapping is);
+//! - `private_file.rs`: a private writable mapping's store (the file under
+//!   an overlay of the process's own versions of its pages);
 //! - `reentry.rs`: the per-thread flag that sends faultline's own calls to
 //!   libc;
 //! - `exit.rs`: write-back and the report at exit; the child of a fork.
@@ -32,6 +34,7 @@ mod coherence;
 mod config;
 mod exit;
 mod mappings;
+mod private_file;
 mod program_file;
 mod reentry;
 mod symbols;

@@ -2,8 +2,12 @@
 //! manager that serves them (started by the first mapping it serves).
 //!
 //! A served mapping is one faultline region over a file range: read-only
-//! (`PROT_READ`, shared or private) or writable and shared (`MAP_SHARED`
-//! with `PROT_WRITE`: written back). The program's `munmap`, `mremap`,
+//! (`PROT_READ`, shared or private), writable and shared (`MAP_SHARED`
+//! with `PROT_WRITE`: written back), or writable and private (`MAP_PRIVATE`
+//! with `PROT_WRITE`: the program's versions of pages go to an overlay of
+//! its own, never to the file: `private_file.rs`; no coherence with the
+//! program's writes to the file, which POSIX leaves unspecified for a
+//! private mapping). The program's `munmap`, `mremap`,
 //! `msync`, `madvise` and `mprotect` on it are carried out here with the
 //! kernel's meaning where faultline can give it, and refused with the
 //! kernel's errno where it cannot (each refusal said once on stderr):
@@ -31,6 +35,7 @@
 //! each mapping's `gone` mutex, a leaf.
 
 use crate::config::settings;
+use crate::private_file::{PrivateBacking, PrivateFile};
 use crate::program_file::ProgramFile;
 use faultline::{Discard, FaultError, Manager, MapError, MapOptions, ReadOnly, Region, StoreError};
 use faultline_sys::interpose::{self, FdFacts};
@@ -74,6 +79,9 @@ pub(crate) struct Served {
     gone: Mutex<Vec<Range<usize>>>,
     /// The store's flag: the program wrote the file with `write(2)`.
     program_writes: Arc<AtomicBool>,
+    /// A private writable mapping's overlay (`private_file.rs`); `None`
+    /// for a shared or read-only one.
+    private: Option<Arc<PrivateBacking>>,
 }
 
 impl Served {
@@ -95,8 +103,14 @@ impl Served {
         self.addr()..self.addr() + self.len()
     }
 
+    /// Shared and writable: its writes go to the file.
     pub(crate) fn writable(&self) -> bool {
-        matches!(self.region, Mapped::Rw(_))
+        matches!(self.region, Mapped::Rw(_)) && self.private.is_none()
+    }
+
+    /// Private and writable: its writes stay the process's.
+    pub(crate) fn private(&self) -> bool {
+        self.private.is_some()
     }
 
     /// The file bytes the region holds.
@@ -107,16 +121,18 @@ impl Served {
     /// Writes every dirty page back and makes the file durable.
     pub(crate) fn flush(&self) -> Result<(), StoreError> {
         match &self.region {
-            Mapped::Rw(r) => r.flush(),
-            Mapped::Ro(_) => Ok(()),
+            Mapped::Rw(r) if self.writable() => r.flush(),
+            _ => Ok(()),
         }
     }
 
     /// Writes the dirty pages of region bytes `range` back (not durable).
     pub(crate) fn write_back(&self, range: Range<usize>) -> Result<(), StoreError> {
         match &self.region {
-            Mapped::Rw(r) => r.write_back(range.start..range.end.min(self.len())),
-            Mapped::Ro(_) => Ok(()),
+            Mapped::Rw(r) if self.writable() => {
+                r.write_back(range.start..range.end.min(self.len()))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -164,6 +180,7 @@ impl Served {
             path,
             gone,
             program_writes,
+            private,
         } = self;
         let back = |region| Served {
             region,
@@ -174,6 +191,7 @@ impl Served {
             path,
             gone,
             program_writes,
+            private,
         };
         match region {
             Mapped::Rw(r) => r
@@ -249,7 +267,7 @@ pub(crate) fn of_file(facts: &FdFacts) -> Vec<Arc<Served>> {
     TABLE
         .read()
         .values()
-        .filter(|s| s.dev == facts.dev && s.ino == facts.ino)
+        .filter(|s| s.dev == facts.dev && s.ino == facts.ino && !s.private())
         .cloned()
         .collect()
 }
@@ -402,14 +420,8 @@ pub(crate) fn map_file(c: MapCall) -> Outcome<usize> {
     }
     let shared = matches!(c.flags & 0x0f, libc::MAP_SHARED | libc::MAP_SHARED_VALIDATE);
     let writable = c.prot & libc::PROT_WRITE != 0;
-    if writable && !shared {
-        say_once(format!(
-            "{}: a private writable mapping (MAP_PRIVATE with PROT_WRITE) is left to the kernel",
-            path.display()
-        ));
-        return Outcome::Kernel;
-    }
-    if writable && !facts.writable {
+    let private = writable && !shared;
+    if writable && shared && !facts.writable {
         return Outcome::Failed(libc::EACCES);
     }
     let len = pages_of(c.len);
@@ -427,7 +439,7 @@ pub(crate) fn map_file(c: MapCall) -> Outcome<usize> {
     let Some(mm) = manager() else {
         return Outcome::Kernel;
     };
-    let file = match interpose::reopen_fd(c.fd, writable) {
+    let file = match interpose::reopen_fd(c.fd, writable && shared) {
         Ok(f) => f,
         Err(e) => return Outcome::Failed(e.raw_os_error().unwrap_or(libc::EIO)),
     };
@@ -449,8 +461,27 @@ pub(crate) fn map_file(c: MapCall) -> Outcome<usize> {
         path,
         offset: c.offset as u64,
         len,
-        writable,
+        writable: writable && shared,
         program_writes: false,
+        private: None,
+    };
+    let at = if private {
+        match PrivateBacking::new(len / PAGE) {
+            Ok(b) => Target {
+                private: Some(Arc::new(b)),
+                ..at
+            },
+            Err(e) => {
+                say_once(format!(
+                    "{}: no overlay for a private writable mapping ({e}; FAULTLINE_PRIVATE_DIR \
+                     names its directory): left to the kernel",
+                    at.path.display()
+                ));
+                return Outcome::Kernel;
+            }
+        }
+    } else {
+        at
     };
     match serve(mm, file, at, opts) {
         Ok(s) => Outcome::Done(s.addr()),
@@ -467,6 +498,8 @@ struct Target<'a> {
     writable: bool,
     /// The program has written the file with `write(2)` already.
     program_writes: bool,
+    /// A private writable mapping's overlay.
+    private: Option<Arc<PrivateBacking>>,
 }
 
 /// Maps `t` through `mm` and enters it in the table; the errno on failure
@@ -482,12 +515,13 @@ fn serve(
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
     let program_writes = Arc::new(AtomicBool::new(t.program_writes));
     let store = ProgramFile::new(store_file, t.offset, t.writable, program_writes.clone());
-    let mapped = crate::reentry::inside(|| {
-        if t.writable {
-            mm.map(t.len, store, opts).map(Mapped::Rw)
-        } else {
-            mm.map_read_only(t.len, store, opts).map(Mapped::Ro)
+    let mapped = crate::reentry::inside(|| match &t.private {
+        Some(backing) => {
+            let private = PrivateFile::new(store, backing.clone());
+            mm.map(t.len, private, opts).map(Mapped::Rw)
         }
+        None if t.writable => mm.map(t.len, store, opts).map(Mapped::Rw),
+        None => mm.map_read_only(t.len, store, opts).map(Mapped::Ro),
     });
     let region = mapped.map_err(|e| {
         eprintln!(
@@ -507,6 +541,7 @@ fn serve(
         path: t.path,
         gone: Mutex::new(Vec::new()),
         program_writes,
+        private: t.private,
     }))
 }
 
@@ -686,8 +721,21 @@ fn grow(s: Arc<Served>, new: usize) -> Result<usize, c_int> {
         len: new,
         writable: s.writable(),
         program_writes: s.program_writes.load(Ordering::Relaxed),
+        private: None,
     };
-    if s.writable() {
+    if let Some(backing) = s.private.clone() {
+        // Closed first: its dirty pages go to the overlay (and their bits
+        // are set) before the bits are carried over.
+        close(s)?;
+        let backing = backing
+            .with_room(new / PAGE)
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let target = Target {
+            private: Some(backing),
+            ..target
+        };
+        serve(mm, file, target, MapOptions::new()).map(|n| n.addr())
+    } else if s.writable() {
         close(s)?;
         serve(mm, file, target, MapOptions::new()).map(|n| n.addr())
     } else {
@@ -754,13 +802,20 @@ fn advise_served(s: &Served, cut: Range<usize>, advice: c_int) -> Result<(), c_i
             Ok(())
         }
         libc::MADV_DONTNEED if !s.writable() => {
+            let pages = cut.start / PAGE..pages_of(cut.end) / PAGE;
             let _ = s.discard(cut, Discard::KeepStore);
+            if let Some(b) = &s.private {
+                // The kernel drops a private mapping's own copies: the
+                // pages read the file again.
+                b.forget(pages.start as u64..pages.end as u64);
+            }
             Ok(())
         }
         libc::MADV_REMOVE if s.writable() => s
             .discard(cut, Discard::Zero)
             .map(|_| ())
             .map_err(|_| libc::EIO),
+        libc::MADV_REMOVE if s.private() => Err(libc::EINVAL),
         libc::MADV_REMOVE => Err(libc::EACCES),
         libc::MADV_FREE => Err(libc::EINVAL),
         _ => Ok(()),
@@ -794,7 +849,7 @@ fn protect_parts(range: Range<usize>, prot: c_int) -> Result<Outcome<()>, c_int>
     if served.is_empty() {
         return Ok(Outcome::Kernel);
     }
-    if prot & libc::PROT_WRITE != 0 && served.iter().any(|s| !s.writable()) {
+    if prot & libc::PROT_WRITE != 0 && served.iter().any(|s| !s.writable() && !s.private()) {
         return Err(libc::EACCES);
     }
     if prot != libc::PROT_READ | libc::PROT_WRITE && prot != libc::PROT_READ {

@@ -8,6 +8,9 @@
 //! last version (the program's ledger). Run in both modes: a read-only
 //! mapping (writes land in the file, the mapping drops its copies) and a
 //! writable one (writes reach the mapping first; reads write it back).
+//! And a private writable mapping (`tests/c/private.c`): its writes survive
+//! eviction and `mremap`, `MADV_DONTNEED` drops them, the file never
+//! changes.
 
 mod common;
 
@@ -18,10 +21,10 @@ use std::time::Duration;
 
 const PAGE: usize = 4096;
 
-/// The oracle program, compiled into `dir`.
-fn compile(dir: &Scratch) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/coherence.c");
-    let exe = dir.join("coherence");
+/// The C program `tests/c/<name>.c`, compiled into `dir`.
+fn compile(dir: &Scratch, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = dir.join(name);
     let out = Command::new("cc")
         .args(["-O2", "-pthread", "-o"])
         .arg(&exe)
@@ -40,7 +43,7 @@ fn compile(dir: &Scratch) -> PathBuf {
 fn oracle(mode: &str) {
     need_root();
     let dir = Scratch::new(&format!("coherence-{mode}"));
-    let exe = compile(&dir);
+    let exe = compile(&dir, "coherence");
     let (pages, threads, ops) = (4096usize, 4, 5000);
     let file = dir.join("pages.bin");
     std::fs::write(&file, b"").expect("creating the file");
@@ -96,4 +99,41 @@ fn writes_reach_a_read_only_mapping_and_the_file() {
 #[test]
 fn writes_reach_a_writable_mapping_and_the_file() {
     oracle("rw");
+}
+
+#[test]
+fn private_writes_survive_eviction_and_never_reach_the_file() {
+    need_root();
+    let dir = Scratch::new("private");
+    let exe = compile(&dir, "private");
+    let pages = 4096usize;
+    let file = dir.join("data.bin");
+    let mut next = common::rng(41);
+    let data: Vec<u8> = (0..pages * PAGE / 8)
+        .flat_map(|_| next().to_le_bytes())
+        .collect();
+    std::fs::write(&file, &data).expect("writing the file");
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&file).arg(pages.to_string());
+    preload(&mut cmd, &file.display().to_string(), "2M");
+    let ran = run("private", &mut cmd, Duration::from_secs(240));
+    ran.expect_success("the private-mapping oracle");
+    assert!(
+        ran.stdout_text().contains("private ok"),
+        "{}",
+        ran.stdout_text()
+    );
+    let report = ran.report("private");
+    assert_eq!(
+        report.regions, 2,
+        "the mapping and its mremap were not served: {}",
+        ran.stderr
+    );
+    assert!(report.evicted > 0, "the budget never pressed: {report:?}");
+    let after = std::fs::read(&file).expect("reading the file back");
+    assert!(
+        after == data,
+        "a private mapping's writes reached the file: {}",
+        common::first_difference(&data, &after)
+    );
 }
