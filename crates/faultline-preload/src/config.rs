@@ -6,6 +6,8 @@
 //! | `FAULTLINE_BUDGET` | the memory budget: bytes, or a number with `K`, `M` or `G` (binary units); default faultline's |
 //! | `FAULTLINE_WORKERS` | fault workers; default faultline's |
 //! | `FAULTLINE_PRIVATE_DIR` | the overlay directory of private writable mappings (`private_file.rs`; default `/var/tmp`) |
+//! | `FAULTLINE_ANON_MIN` | a size: private anonymous mappings at least this large are served too (`anonymous.rs`); unset: none |
+//! | `FAULTLINE_STORE` | where served anonymous mappings' evicted pages go: `redis://host:port/` (a Redis server), or unset for an overlay file in `FAULTLINE_PRIVATE_DIR` |
 //! | `FAULTLINE_PRELOAD_REPORT` | non-empty: one line of counts on stderr at exit |
 //! | `FAULTLINE_LOG` | a `tracing` filter for faultline's warnings on stderr (default `warn`) |
 //!
@@ -24,6 +26,19 @@ pub(crate) struct Settings {
     pub(crate) budget: Option<usize>,
     pub(crate) workers: Option<usize>,
     pub(crate) report: bool,
+    /// Private anonymous mappings at least this large are served.
+    pub(crate) anon_min: Option<usize>,
+    /// Where their evicted pages go.
+    pub(crate) anon_store: AnonStore,
+}
+
+/// Where served anonymous mappings' evicted pages go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AnonStore {
+    /// An overlay file of each mapping's own (`FAULTLINE_PRIVATE_DIR`).
+    Overlay,
+    /// A Redis server.
+    Redis(String),
 }
 
 /// A setting that cannot be used.
@@ -37,6 +52,10 @@ pub(crate) enum ConfigError {
     Pattern { pattern: String, why: String },
     #[error("FAULTLINE_FILES pattern {0:?} is not an absolute path")]
     Relative(String),
+    #[error("FAULTLINE_ANON_MIN={0:?} is not a size (bytes, or a number with K, M or G)")]
+    AnonMin(String),
+    #[error("FAULTLINE_STORE={0:?} is not a store (redis://host:port/)")]
+    Store(String),
 }
 
 /// Paths match component by component: `*` never crosses a `/`.
@@ -48,12 +67,24 @@ const MATCHING: MatchOptions = MatchOptions {
 
 impl Settings {
     /// Reads the settings from `var` (the environment, or a test's map);
-    /// `Ok(None)` when `FAULTLINE_FILES` is unset or empty.
+    /// `Ok(None)` when neither `FAULTLINE_FILES` nor `FAULTLINE_ANON_MIN`
+    /// is set.
     pub(crate) fn read(
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Settings>, ConfigError> {
-        let Some(files) = var("FAULTLINE_FILES").filter(|f| !f.trim().is_empty()) else {
+        let anon_min = match var("FAULTLINE_ANON_MIN").filter(|b| !b.trim().is_empty()) {
+            Some(b) => Some(parse_size(&b).ok_or(ConfigError::AnonMin(b))?),
+            None => None,
+        };
+        let files = var("FAULTLINE_FILES").filter(|f| !f.trim().is_empty());
+        if files.is_none() && anon_min.is_none() {
             return Ok(None);
+        }
+        let files = files.unwrap_or_default();
+        let anon_store = match var("FAULTLINE_STORE").filter(|s| !s.trim().is_empty()) {
+            Some(s) if s.trim().starts_with("redis://") => AnonStore::Redis(s.trim().to_string()),
+            Some(s) => return Err(ConfigError::Store(s)),
+            None => AnonStore::Overlay,
         };
         let mut patterns = Vec::new();
         for p in files.split(':').map(str::trim).filter(|p| !p.is_empty()) {
@@ -84,6 +115,8 @@ impl Settings {
             budget,
             workers,
             report: var("FAULTLINE_PRELOAD_REPORT").is_some_and(|r| !r.is_empty()),
+            anon_min,
+            anon_store,
         }))
     }
 
@@ -194,5 +227,37 @@ mod tests {
             read(&[("FAULTLINE_FILES", "/d/[")]).err(),
             Some(ConfigError::Pattern { .. })
         ));
+        assert_eq!(
+            read(&[("FAULTLINE_ANON_MIN", "some")]).err(),
+            Some(ConfigError::AnonMin("some".into()))
+        );
+        assert_eq!(
+            read(&[
+                ("FAULTLINE_ANON_MIN", "64M"),
+                ("FAULTLINE_STORE", "memcached://x")
+            ])
+            .err(),
+            Some(ConfigError::Store("memcached://x".into()))
+        );
+    }
+
+    #[test]
+    fn anonymous_mappings_alone_turn_the_library_on() {
+        let s = read(&[("FAULTLINE_ANON_MIN", "64M")])
+            .expect("valid")
+            .expect("on");
+        assert_eq!(s.anon_min, Some(64 << 20));
+        assert_eq!(s.anon_store, AnonStore::Overlay);
+        assert!(!s.serves(Path::new("/data/big.db")));
+        let r = read(&[
+            ("FAULTLINE_ANON_MIN", "1M"),
+            ("FAULTLINE_STORE", "redis://127.0.0.1:6379/"),
+        ])
+        .expect("valid")
+        .expect("on");
+        assert_eq!(
+            r.anon_store,
+            AnonStore::Redis("redis://127.0.0.1:6379/".into())
+        );
     }
 }

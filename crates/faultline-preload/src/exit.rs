@@ -1,6 +1,6 @@
 //! The process's end and its forks. At a normal exit (`exit()`, a return
 //! from `main`), every writable mapping is written back (made durable),
-//! the counts are printed if `FAULTLINE_PRELOAD_REPORT` asks, and the
+//! anonymous mappings' pages in Redis are deleted, the counts are printed if `FAULTLINE_PRELOAD_REPORT` asks, and the
 //! manager's stats file is removed; from then on every call goes to libc.
 //! Mappings stay in place: threads still running may touch them until the
 //! process is gone (their stores after the write-back are lost, as a
@@ -55,6 +55,9 @@ extern "C" fn at_exit() {
                     s.path.display()
                 );
             }
+            // An anonymous mapping's pages in Redis are the process's
+            // alone: deleted.
+            s.release_store();
         }
         OFF.store(true, Ordering::Relaxed);
         if crate::config::settings().is_some_and(|s| s.report) {

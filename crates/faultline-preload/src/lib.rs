@@ -20,6 +20,8 @@
 //!   descriptor kept coherent with the mappings of the same file;
 //! - `program_file.rs`: the store (faultline's file store, cut at the end
 //!   of the file as the kernel's mapping is);
+//! - `anonymous.rs`: large private anonymous mappings (`FAULTLINE_ANON_MIN`)
+//!   over zeros, paged to an overlay file or a Redis server;
 //! - `private_file.rs`: a private writable mapping's store (the file under
 //!   an overlay of the process's own versions of its pages);
 //! - `reentry.rs`: the per-thread flag that sends faultline's own calls to
@@ -30,6 +32,7 @@
 //! definitions of libc's functions, descriptor facts) are in
 //! `faultline_sys::interpose`.
 
+mod anonymous;
 mod coherence;
 mod config;
 mod exit;

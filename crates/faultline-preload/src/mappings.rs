@@ -34,6 +34,7 @@
 //! works (a fault worker may call `munmap`, which looks the table up);
 //! each mapping's `gone` mutex, a leaf.
 
+use crate::anonymous::AnonKind;
 use crate::config::settings;
 use crate::private_file::{PrivateBacking, PrivateFile};
 use crate::program_file::ProgramFile;
@@ -72,8 +73,9 @@ pub(crate) struct Served {
     pub(crate) ino: u64,
     /// The file offset of the region's first byte.
     pub(crate) offset: u64,
-    /// A description of the file of the preload's own (for remapping).
-    file: std::fs::File,
+    /// A description of the file of the preload's own (for remapping);
+    /// `None` for an anonymous mapping.
+    file: Option<std::fs::File>,
     pub(crate) path: PathBuf,
     /// Address ranges the program unmapped (`munmap` of a part).
     gone: Mutex<Vec<Range<usize>>>,
@@ -82,6 +84,8 @@ pub(crate) struct Served {
     /// A private writable mapping's overlay (`private_file.rs`); `None`
     /// for a shared or read-only one.
     private: Option<Arc<PrivateBacking>>,
+    /// An anonymous mapping's store (`anonymous.rs`).
+    anon: Option<AnonKind>,
 }
 
 impl Served {
@@ -108,9 +112,23 @@ impl Served {
         matches!(self.region, Mapped::Rw(_)) && self.private.is_none()
     }
 
-    /// Private and writable: its writes stay the process's.
+    /// Private and writable (a file's, or anonymous): its writes stay the
+    /// process's.
     pub(crate) fn private(&self) -> bool {
-        self.private.is_some()
+        self.private.is_some() || self.anon.is_some()
+    }
+
+    /// Drops what the store keeps of the mapping outside this process (an
+    /// anonymous mapping's Redis keys): when it goes, and at exit.
+    pub(crate) fn release_store(&self) {
+        if self.anon.as_ref().is_some_and(AnonKind::remote) {
+            if let Err(e) = self.discard(0..self.len(), Discard::Zero) {
+                eprintln!(
+                    "faultline-preload: {}: cannot delete its pages from the store: {e}",
+                    self.path.display()
+                );
+            }
+        }
     }
 
     /// The file bytes the region holds.
@@ -143,7 +161,10 @@ impl Served {
             return Ok(());
         }
         self.write_back(range)?;
-        self.file.sync_data().map_err(|e| StoreError::Io {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        file.sync_data().map_err(|e| StoreError::Io {
             op: "flush",
             page: 0,
             source: e,
@@ -181,6 +202,7 @@ impl Served {
             gone,
             program_writes,
             private,
+            anon,
         } = self;
         let back = |region| Served {
             region,
@@ -192,6 +214,7 @@ impl Served {
             gone,
             program_writes,
             private,
+            anon,
         };
         match region {
             Mapped::Rw(r) => r
@@ -289,9 +312,19 @@ fn insert(s: Served) -> Arc<Served> {
     s
 }
 
+/// How a mapping is closed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// The program unmapped it: a private mapping's pages are dropped
+    /// unwritten (and its store's copy with them).
+    Unmapped,
+    /// It is being remapped: every page goes to its store first.
+    Remapped,
+}
+
 /// Takes `s` out of the table and closes it (written back, unmapped);
 /// `EIO` if the write-back failed (the mapping stays, nothing lost).
-fn close(s: Arc<Served>) -> Result<(), c_int> {
+fn close(s: Arc<Served>, how: Closing) -> Result<(), c_int> {
     {
         let mut t = TABLE.write();
         match t.get(&s.addr()) {
@@ -318,6 +351,11 @@ fn close(s: Arc<Served>) -> Result<(), c_int> {
             }
         }
     };
+    if how == Closing::Unmapped && owned.private() {
+        // Nothing of a private mapping outlives it: no write-back.
+        let _ = owned.discard(0..owned.len(), Discard::KeepStore);
+        owned.release_store();
+    }
     match owned.close() {
         Ok(()) => Ok(()),
         Err(failed) => {
@@ -489,6 +527,73 @@ pub(crate) fn map_file(c: MapCall) -> Outcome<usize> {
     }
 }
 
+/// Whether an anonymous mapping of `len` bytes may be served (the gate's
+/// fast check: `FAULTLINE_ANON_MIN` is set and `len` reaches it).
+pub(crate) fn anonymous_served(len: usize) -> bool {
+    settings()
+        .and_then(|s| s.anon_min)
+        .is_some_and(|min| len >= min)
+}
+
+/// A private anonymous `mmap` of at least `FAULTLINE_ANON_MIN` bytes:
+/// served over zeros and a store (`anonymous.rs`).
+pub(crate) fn map_anonymous(c: MapCall) -> Outcome<usize> {
+    let Some(settings) = settings() else {
+        return Outcome::Kernel;
+    };
+    let Some(min) = settings.anon_min else {
+        return Outcome::Kernel;
+    };
+    if !crate::anonymous::eligible(c.len, c.prot, c.flags, min) {
+        return Outcome::Kernel;
+    }
+    let Some(mm) = manager() else {
+        return Outcome::Kernel;
+    };
+    let len = pages_of(c.len);
+    let kind = match AnonKind::new(&settings.anon_store, len / PAGE) {
+        Ok(k) => k,
+        Err(e) => {
+            say_once(format!("anonymous memory left to the kernel: {e}"));
+            return Outcome::Kernel;
+        }
+    };
+    match serve_anonymous(mm, kind, len, MapOptions::new()) {
+        Ok(s) => Outcome::Done(s.addr()),
+        Err(errno) => Outcome::Failed(errno),
+    }
+}
+
+/// Maps `len` bytes of anonymous memory over `kind`'s store and enters
+/// it in the table.
+fn serve_anonymous(
+    mm: &Manager,
+    kind: AnonKind,
+    len: usize,
+    opts: MapOptions,
+) -> Result<Arc<Served>, c_int> {
+    let store = kind.store().map_err(|e| {
+        eprintln!("faultline-preload: anonymous memory: {e}");
+        libc::ENOMEM
+    })?;
+    let region = crate::reentry::inside(|| mm.map_shared(len, store, opts)).map_err(|e| {
+        eprintln!("faultline-preload: cannot serve {len} bytes of anonymous memory: {e}");
+        map_errno(&e)
+    })?;
+    Ok(insert(Served {
+        region: Mapped::Rw(region),
+        dev: 0,
+        ino: 0,
+        offset: 0,
+        file: None,
+        path: PathBuf::from("anonymous memory"),
+        gone: Mutex::new(Vec::new()),
+        program_writes: Arc::new(AtomicBool::new(false)),
+        private: None,
+        anon: Some(kind),
+    }))
+}
+
 /// What to serve: a file range.
 struct Target<'a> {
     facts: &'a FdFacts,
@@ -517,7 +622,7 @@ fn serve(
     let store = ProgramFile::new(store_file, t.offset, t.writable, program_writes.clone());
     let mapped = crate::reentry::inside(|| match &t.private {
         Some(backing) => {
-            let private = PrivateFile::new(store, backing.clone());
+            let private = PrivateFile::new(Some(store), backing.clone());
             mm.map(t.len, private, opts).map(Mapped::Rw)
         }
         None if t.writable => mm.map(t.len, store, opts).map(Mapped::Rw),
@@ -537,11 +642,12 @@ fn serve(
         dev: t.facts.dev,
         ino: t.facts.ino,
         offset: t.offset,
-        file,
+        file: Some(file),
         path: t.path,
         gone: Mutex::new(Vec::new()),
         program_writes,
         private: t.private,
+        anon: None,
     }))
 }
 
@@ -571,7 +677,7 @@ fn replace_whole(range: &Range<usize>, path: &std::path::Path) -> Result<(), c_i
             ));
             return Err(libc::EINVAL);
         }
-        close(s)?;
+        close(s, Closing::Unmapped)?;
     }
     Ok(())
 }
@@ -594,7 +700,7 @@ pub(crate) fn unmap(range: Range<usize>) -> Outcome<()> {
         let cut = r.start.max(range.start)..r.end.min(range.end);
         at = cut.end;
         let done = if cut == r {
-            close(s)
+            close(s, Closing::Unmapped)
         } else {
             unmap_part(s, cut)
         };
@@ -641,7 +747,7 @@ fn unmap_part(s: Arc<Served>, cut: Range<usize>) -> Result<(), c_int> {
         s.all_gone(&gone)
     };
     if all_gone {
-        close(s)?;
+        close(s, Closing::Unmapped)?;
     }
     Ok(())
 }
@@ -702,6 +808,18 @@ fn grow(s: Arc<Served>, new: usize) -> Result<usize, c_int> {
     let Some(mm) = manager() else {
         return Err(libc::ENOMEM);
     };
+    if let Some(kind) = s.anon.clone() {
+        // Closed into its store first, then a new region over the store.
+        close(s, Closing::Remapped)?;
+        let kind = kind.with_room(new / PAGE).map_err(|e| {
+            say_once(format!("mremap of anonymous memory: {e}"));
+            libc::ENOMEM
+        })?;
+        return serve_anonymous(mm, kind, new, MapOptions::new()).map(|n| n.addr());
+    }
+    let Some(own_file) = &s.file else {
+        return Err(libc::EINVAL);
+    };
     let facts = FdFacts {
         dev: s.dev,
         ino: s.ino,
@@ -710,8 +828,7 @@ fn grow(s: Arc<Served>, new: usize) -> Result<usize, c_int> {
         writable: s.writable(),
         append: false,
     };
-    let file = s
-        .file
+    let file = own_file
         .try_clone()
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
     let target = Target {
@@ -726,7 +843,7 @@ fn grow(s: Arc<Served>, new: usize) -> Result<usize, c_int> {
     if let Some(backing) = s.private.clone() {
         // Closed first: its dirty pages go to the overlay (and their bits
         // are set) before the bits are carried over.
-        close(s)?;
+        close(s, Closing::Remapped)?;
         let backing = backing
             .with_room(new / PAGE)
             .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
@@ -736,11 +853,11 @@ fn grow(s: Arc<Served>, new: usize) -> Result<usize, c_int> {
         };
         serve(mm, file, target, MapOptions::new()).map(|n| n.addr())
     } else if s.writable() {
-        close(s)?;
+        close(s, Closing::Remapped)?;
         serve(mm, file, target, MapOptions::new()).map(|n| n.addr())
     } else {
         let n = serve(mm, file, target, MapOptions::new())?;
-        close(s)?;
+        close(s, Closing::Remapped)?;
         Ok(n.addr())
     }
 }

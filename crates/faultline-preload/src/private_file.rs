@@ -9,7 +9,9 @@
 //! The overlay outlives the region: `mremap` growing a private mapping
 //! makes a new region over the same overlay, so no private page is lost.
 //! `madvise(DONTNEED)` forgets the dropped pages' private versions
-//! ([`PrivateBacking::forget`]), as the kernel does.
+//! ([`PrivateBacking::forget`]), as the kernel does. Over no file, it is
+//! an anonymous mapping's store: zeros until a page was evicted
+//! (`anonymous.rs`).
 //!
 //! Invariant: a page's bit is set only after its overlay write completed
 //! (Release; a read loads it with Acquire), and reads and writes of one
@@ -103,15 +105,16 @@ impl PrivateBacking {
 }
 
 /// A private writable mapping's store: the file, read-only, under the
-/// overlay.
+/// overlay; or zeros under it (an anonymous mapping: `anonymous.rs`).
 #[derive(Debug)]
 pub(crate) struct PrivateFile {
-    file: ProgramFile,
+    file: Option<ProgramFile>,
     backing: Arc<PrivateBacking>,
 }
 
 impl PrivateFile {
-    pub(crate) fn new(file: ProgramFile, backing: Arc<PrivateBacking>) -> PrivateFile {
+    /// The overlay over `file` (`None`: over zeros).
+    pub(crate) fn new(file: Option<ProgramFile>, backing: Arc<PrivateBacking>) -> PrivateFile {
         PrivateFile { file, backing }
     }
 }
@@ -125,13 +128,23 @@ impl Store for PrivateFile {
         if self.backing.holds(page) {
             return inside(|| self.backing.overlay.read(page, buf));
         }
-        self.file.read(page, buf)
+        match &self.file {
+            Some(f) => f.read(page, buf),
+            None => {
+                buf.fill(0);
+                Ok(())
+            }
+        }
     }
 
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
         let n = (buf.len() / page_size) as u64;
-        if !(first..first + n).any(|p| self.backing.holds(p)) {
-            return self.file.read_pages(first, page_size, buf);
+        if let Some(f) = self
+            .file
+            .as_ref()
+            .filter(|_| !(first..first + n).any(|p| self.backing.holds(p)))
+        {
+            return f.read_pages(first, page_size, buf);
         }
         for (i, chunk) in buf.chunks_mut(page_size).enumerate() {
             self.read(first + i as u64, chunk)?;
@@ -160,6 +173,8 @@ impl Store for PrivateFile {
     }
 
     fn will_read(&self, first: u64, pages: usize, page_size: usize) {
-        self.file.will_read(first, pages, page_size);
+        if let Some(f) = &self.file {
+            f.will_read(first, pages, page_size);
+        }
     }
 }

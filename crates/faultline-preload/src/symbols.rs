@@ -73,7 +73,8 @@ unsafe fn iov_len(iov: *const iovec, count: c_int) -> usize {
         .sum()
 }
 
-/// `mmap(2)`: a file mapping that `FAULTLINE_FILES` names is served by
+/// `mmap(2)`: a file mapping that `FAULTLINE_FILES` names, and a private
+/// anonymous one of at least `FAULTLINE_ANON_MIN` bytes, are served by
 /// faultline; anything else is libc's.
 ///
 /// # Safety
@@ -89,7 +90,11 @@ pub unsafe extern "C" fn mmap(
 ) -> *mut c_void {
     // SAFETY: the caller's own arguments, to libc's mmap.
     let libc_mmap = || unsafe { next::next_mmap(addr, len, prot, flags, fd, offset) };
-    if fd < 0 || flags & libc::MAP_ANONYMOUS != 0 || OFF.load(Ordering::Relaxed) {
+    let anonymous = flags & libc::MAP_ANONYMOUS != 0;
+    if OFF.load(Ordering::Relaxed)
+        || (anonymous && !mappings::anonymous_served(len))
+        || (!anonymous && fd < 0)
+    {
         return libc_mmap();
     }
     let Some(_inside) = Inside::enter() else {
@@ -103,7 +108,12 @@ pub unsafe extern "C" fn mmap(
         fd,
         offset,
     };
-    match caught(|| mappings::map_file(call)) {
+    let served = if anonymous {
+        caught(|| mappings::map_anonymous(call))
+    } else {
+        caught(|| mappings::map_file(call))
+    };
+    match served {
         Some(Outcome::Done(a)) => a as *mut c_void,
         Some(Outcome::Failed(errno)) => {
             set_errno(errno);

@@ -10,7 +10,9 @@
 //! writable one (writes reach the mapping first; reads write it back).
 //! And a private writable mapping (`tests/c/private.c`): its writes survive
 //! eviction and `mremap`, `MADV_DONTNEED` drops them, the file never
-//! changes.
+//! changes. And anonymous memory (`tests/c/anonymous.c`, served with
+//! `FAULTLINE_ANON_MIN`), paged to an overlay file and to a real Redis
+//! server, whose keys are gone when the program is.
 
 mod common;
 
@@ -136,4 +138,58 @@ fn private_writes_survive_eviction_and_never_reach_the_file() {
         "a private mapping's writes reached the file: {}",
         common::first_difference(&data, &after)
     );
+}
+
+/// Runs the anonymous-memory oracle over 32 MiB through 8 MiB, its pages
+/// going to `store` (`None`: the overlay file); returns its report.
+fn anonymous(tag: &str, store: Option<&str>) -> common::Report {
+    need_root();
+    let dir = Scratch::new(tag);
+    let exe = compile(&dir, "anonymous");
+    let mut cmd = Command::new(&exe);
+    cmd.arg("32")
+        .env("LD_PRELOAD", common::preload_so())
+        .env("FAULTLINE_BUDGET", "8M")
+        .env("FAULTLINE_ANON_MIN", "1M")
+        .env("FAULTLINE_PRIVATE_DIR", dir.path())
+        .env("FAULTLINE_PRELOAD_REPORT", "1")
+        .env_remove("FAULTLINE_FILES");
+    match store {
+        Some(url) => cmd.env("FAULTLINE_STORE", url),
+        None => cmd.env_remove("FAULTLINE_STORE"),
+    };
+    let ran = run(tag, &mut cmd, Duration::from_secs(240));
+    ran.expect_success("the anonymous-memory oracle");
+    assert!(
+        ran.stdout_text().contains("anonymous ok"),
+        "{}",
+        ran.stdout_text()
+    );
+    let report = ran.report(tag);
+    assert_eq!(
+        report.regions, 2,
+        "the mapping and its mremap were not served: {}",
+        ran.stderr
+    );
+    assert!(
+        report.evicted > 0 && report.written_back > 0,
+        "nothing paged out: {report:?}"
+    );
+    report
+}
+
+#[test]
+fn anonymous_memory_pages_to_an_overlay_file() {
+    anonymous("anonymous-overlay", None);
+}
+
+#[test]
+fn anonymous_memory_pages_to_redis_and_leaves_no_keys() {
+    let server = redis_harness::Server::start().expect("a redis-server of the test's own");
+    anonymous("anonymous-redis", Some(&server.url()));
+    let mut c = server
+        .connection()
+        .expect("connecting to the test's redis-server");
+    let keys: usize = redis::cmd("DBSIZE").query(&mut c).expect("DBSIZE");
+    assert_eq!(keys, 0, "the program's pages were left in Redis");
 }
