@@ -341,18 +341,27 @@ pub fn wait(what: &str, mut child: Child, limit: Duration) -> Ran {
     }
 }
 
-/// Removes the stats files faultline publishes for process `pid`
-/// (`/dev/shm/faultline/<pid>-<n>`): a child killed by a signal runs no
-/// exit handler to remove its own.
-pub fn remove_stats_files(pid: u32) {
-    let Ok(dir) = std::fs::read_dir("/dev/shm/faultline") else {
-        return;
+/// Where faultline publishes its stats files (`/dev/shm/faultline`).
+const STATS_DIR: &str = "/dev/shm/faultline";
+
+/// The stats files process `pid` has in faultline's stats directory
+/// (`<pid>-<n>`).
+pub fn stats_files_of(pid: u32) -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir(STATS_DIR) else {
+        return Vec::new();
     };
     let prefix = format!("{pid}-");
-    for e in dir.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&prefix) {
-            let _ = std::fs::remove_file(e.path());
-        }
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Removes the stats files faultline publishes for process `pid`: a child
+/// killed by a signal runs no exit handler to remove its own.
+pub fn remove_stats_files(pid: u32) {
+    for f in stats_files_of(pid) {
+        let _ = std::fs::remove_file(f);
     }
 }
 
