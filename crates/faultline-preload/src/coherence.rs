@@ -4,9 +4,13 @@
 //!
 //! - a **write** (`write`, `pwrite`, `writev`, `pwritev`) to a range a
 //!   read-only mapping holds drops those pages *after* the write is in the
-//!   file: their next touch reads the new bytes. A fill already under way
-//!   holds the page's fault lock, which the drop waits for, so a page read
-//!   before the write cannot be put in place after the drop.
+//!   file (`Discard::StoreChanged`): their next touch reads the new bytes.
+//!   A fill already under way holds the page's fault lock from before its
+//!   read until the page is mapped, and this drop takes the lock of every
+//!   page of the range, in use or not, so a page read before the write
+//!   cannot be put in place after the drop. (The plain drop, `KeepStore`,
+//!   looks at pages in use only: the coherence oracle caught a fill in
+//!   flight slipping past it, under two busy loops.)
 //! - a write to a range a writable mapping holds goes into the mapping
 //!   *first* (faulting its pages in), then to the file: the mapping's
 //!   write-back, whenever it comes, writes the new bytes, never older ones
@@ -102,7 +106,7 @@ impl Write {
         let bytes = at..at + n as u64;
         for s in self.served.iter().filter(|s| !s.writable()) {
             if let Some(r) = held(s, &bytes) {
-                let _ = s.discard(r, Discard::KeepStore);
+                let _ = s.discard(r, Discard::StoreChanged);
             }
         }
     }
@@ -186,6 +190,6 @@ pub(crate) fn after_truncate(fd: c_int, len: u64) {
             );
             continue;
         }
-        let _ = s.discard(r, Discard::KeepStore);
+        let _ = s.discard(r, Discard::StoreChanged);
     }
 }

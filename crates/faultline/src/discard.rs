@@ -14,6 +14,11 @@
 //! and (2) may have filled a page from the old copy, so (3) pages in use
 //! are dropped again, under their locks. A fault after (2) reads zeros.
 //!
+//! [`Discard::StoreChanged`] is for a store whose copy another writer
+//! changed: a fault may have read the old copy and not yet mapped it (the
+//! page is not in use until mapped), so every page's lock is taken, in use
+//! or not, and what a fill in flight mapped is dropped after it.
+//!
 //! Locks: each page's fault lock, one at a time.
 
 use crate::core::Core;
@@ -34,6 +39,12 @@ pub enum Discard {
     /// The store's copy goes too (a file's range becomes a hole): the pages
     /// read back as zeros. Refused for a store that cannot be written.
     Zero,
+    /// The store's copy was changed by someone else (another writer of the
+    /// file): as [`Discard::KeepStore`], and a fill of a page of the range
+    /// in flight when the call is made — which may have read the old copy
+    /// — is waited for and dropped too, so every page reads the new copy
+    /// afterwards. Costs a lock per page of the range, in use or not.
+    StoreChanged,
 }
 
 /// Discards `pages` of `r` by `how`; returns the frames freed (in 4 KiB
@@ -53,6 +64,9 @@ pub(crate) fn discard(
                 op: "discard to zeros",
             },
         });
+    }
+    if how == Discard::StoreChanged {
+        return drop_every(core, r, &pages);
     }
     let mut freed = drop_in_use(core, r, &pages)?;
     if zero {
@@ -75,6 +89,20 @@ pub(crate) fn discard(
 fn drop_in_use(core: &Core, r: &RegionInner, pages: &Range<usize>) -> Result<usize, FaultError> {
     let mut freed = 0;
     for page in r.used_pages(pages.clone()) {
+        let (domain, key) = r.lock_key(page);
+        let _g = core.locks.lock(domain, key);
+        freed += drop_page(core, r, page)?;
+    }
+    Ok(freed)
+}
+
+/// Drops every page of `pages` holding a frame, taking every page's lock,
+/// in use or not: a fill in flight holds its page's lock from before its
+/// store read until the page is mapped, so it is waited for (and what it
+/// mapped dropped). Returns 4 KiB pages freed.
+fn drop_every(core: &Core, r: &RegionInner, pages: &Range<usize>) -> Result<usize, FaultError> {
+    let mut freed = 0;
+    for page in pages.clone() {
         let (domain, key) = r.lock_key(page);
         let _g = core.locks.lock(domain, key);
         freed += drop_page(core, r, page)?;

@@ -198,7 +198,9 @@ impl<A: Access> Region<A> {
     /// Gives the pages of bytes `range` back: their frames return to the
     /// pool now, without a write-back, and the pages read afterwards what
     /// `how` says — the store's copy ([`Discard::KeepStore`]: writes not
-    /// yet written back are dropped) or zeros ([`Discard::Zero`]: the
+    /// yet written back are dropped; [`Discard::StoreChanged`] when
+    /// another writer changed it, which also waits for fills in flight) or
+    /// zeros ([`Discard::Zero`]: the
     /// store's copy is dropped too). Returns the 4 KiB frames freed.
     ///
     /// # Errors

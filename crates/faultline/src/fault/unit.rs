@@ -69,6 +69,12 @@ pub(super) fn take<'a>(
         // faulting page is the run's first.
         longest_free_run(core, region, order).ok_or(Shortage::NotAsked)
     } else {
+        if count == 1 {
+            // The page alone: a lock read-ahead kept for a page it then
+            // left out (its re-check failed) would keep reclaim off the
+            // pages behind it (see the fallback below).
+            guards.clear();
+        }
         // A zero-filled 2 MiB page takes a pre-zeroed frame when the zeroing
         // worker has one ready.
         let zeroed = order == crate::frame::HUGE_ORDER && region.store.is_zero();
@@ -89,14 +95,22 @@ pub(super) fn take<'a>(
             offer: offer(first, count),
         }),
         // No run that long (read-ahead, fault-around): the page alone —
-        // unless nobody asked for it yet.
-        Err(_) if count > 1 && !how.ahead => reclaim::alloc(core, region.page_size.order(), held)
-            .map(|frame| Unit {
+        // unless nobody asked for it yet. The run's other locks go first:
+        // reclaim only tries locks, this worker's own included, and a
+        // read-ahead window (up to 128 pages of a store without an
+        // identity, one lock key each) can hold every lock of the table
+        // but `held`: no page but those under `held` could be reclaimed,
+        // by this fault or the background reclaimer, and a small budget
+        // ran dry (a fault refused after 2 s without progress: SIGBUS).
+        Err(_) if count > 1 && !how.ahead => {
+            guards.clear();
+            reclaim::alloc(core, region.page_size.order(), held).map(|frame| Unit {
                 first: page,
                 count: 1,
                 frame,
                 offer: offer(page, 1),
-            }),
+            })
+        }
         Err(why) => Err(why),
     };
     if unit.is_ok() {
