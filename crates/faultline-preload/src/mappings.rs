@@ -381,6 +381,17 @@ pub(crate) enum Outcome<T> {
     Failed(c_int),
 }
 
+impl<T> Outcome<T> {
+    /// The same outcome with `f` applied to what is returned.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Done(v) => Outcome::Done(f(v)),
+            Outcome::Kernel => Outcome::Kernel,
+            Outcome::Failed(e) => Outcome::Failed(e),
+        }
+    }
+}
+
 static MANAGER: OnceLock<Option<Manager>> = OnceLock::new();
 
 /// The process's manager, started on first use; `None` if it cannot start

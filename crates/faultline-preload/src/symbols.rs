@@ -176,10 +176,8 @@ fn ranged<T>(
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     // SAFETY: the caller's own arguments, to libc's munmap.
     let libc_munmap = || unsafe { next::next_munmap(addr, len) };
-    ranged(addr, len, libc_munmap, -1, |r| match mappings::unmap(r) {
-        Outcome::Done(()) => Outcome::Done(0),
-        Outcome::Kernel => Outcome::Kernel,
-        Outcome::Failed(e) => Outcome::Failed(e),
+    ranged(addr, len, libc_munmap, -1, |r| {
+        mappings::unmap(r).map(|()| 0)
     })
 }
 
@@ -202,17 +200,9 @@ pub unsafe extern "C" fn mremap(
     };
     // SAFETY: the caller's own arguments, to the system call.
     let libc_mremap = || unsafe { next::next_mremap(old, old_len, new_len, flags, new_addr) };
-    ranged(
-        old,
-        old_len,
-        libc_mremap,
-        libc::MAP_FAILED,
-        |r| match mappings::remap(r.start, old_len, new_len, flags) {
-            Outcome::Done(a) => Outcome::Done(a as *mut c_void),
-            Outcome::Kernel => Outcome::Kernel,
-            Outcome::Failed(e) => Outcome::Failed(e),
-        },
-    )
+    ranged(old, old_len, libc_mremap, libc::MAP_FAILED, |r| {
+        mappings::remap(r.start, old_len, new_len, flags).map(|a| a as *mut c_void)
+    })
 }
 
 /// `msync(2)`: served writable mappings in the range are written back
@@ -240,11 +230,7 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
     // SAFETY: the caller's own arguments, to libc's madvise.
     let libc_madvise = || unsafe { next::next_madvise(addr, len, advice) };
     ranged(addr, len, libc_madvise, -1, |r| {
-        match mappings::advise(r, advice) {
-            Outcome::Done(()) => Outcome::Done(0),
-            Outcome::Kernel => Outcome::Kernel,
-            Outcome::Failed(e) => Outcome::Failed(e),
-        }
+        mappings::advise(r, advice).map(|()| 0)
     })
 }
 
@@ -258,11 +244,7 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     // SAFETY: the caller's own arguments, to libc's mprotect.
     let libc_mprotect = || unsafe { next::next_mprotect(addr, len, prot) };
     ranged(addr, len, libc_mprotect, -1, |r| {
-        match mappings::protect(r, prot) {
-            Outcome::Done(()) => Outcome::Done(0),
-            Outcome::Kernel => Outcome::Kernel,
-            Outcome::Failed(e) => Outcome::Failed(e),
-        }
+        mappings::protect(r, prot).map(|()| 0)
     })
 }
 

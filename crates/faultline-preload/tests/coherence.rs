@@ -16,36 +16,16 @@
 
 mod common;
 
-use common::{need_root, preload, run, Scratch};
-use std::path::{Path, PathBuf};
+use common::{compile_c, need_root, preload, run, Scratch};
 use std::process::Command;
 use std::time::Duration;
 
 const PAGE: usize = 4096;
 
-/// The C program `tests/c/<name>.c`, compiled into `dir`.
-fn compile(dir: &Scratch, name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("running cc (the C compiler: apt-get install gcc)");
-    assert!(
-        out.status.success(),
-        "cc {} failed: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
 fn oracle(mode: &str) {
     need_root();
     let dir = Scratch::new(&format!("coherence-{mode}"));
-    let exe = compile(&dir, "coherence");
+    let exe = compile_c(&dir, "coherence");
     let (pages, threads, ops) = (4096usize, 4, 5000);
     let file = dir.join("pages.bin");
     std::fs::write(&file, b"").expect("creating the file");
@@ -107,7 +87,7 @@ fn writes_reach_a_writable_mapping_and_the_file() {
 fn private_writes_survive_eviction_and_never_reach_the_file() {
     need_root();
     let dir = Scratch::new("private");
-    let exe = compile(&dir, "private");
+    let exe = compile_c(&dir, "private");
     let pages = 4096usize;
     let file = dir.join("data.bin");
     let mut next = common::rng(41);
@@ -145,7 +125,7 @@ fn private_writes_survive_eviction_and_never_reach_the_file() {
 fn anonymous(tag: &str, store: Option<&str>) -> common::Report {
     need_root();
     let dir = Scratch::new(tag);
-    let exe = compile(&dir, "anonymous");
+    let exe = compile_c(&dir, "anonymous");
     let mut cmd = Command::new(&exe);
     cmd.arg("32")
         .env("LD_PRELOAD", common::preload_so())

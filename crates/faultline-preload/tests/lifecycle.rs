@@ -6,36 +6,17 @@
 
 mod common;
 
-use common::{need_root, preload, run, stats_files_of, Scratch};
-use std::path::{Path, PathBuf};
+use common::{compile_c, need_root, preload, run, stats_files_of, Scratch};
 use std::process::Command;
 use std::time::Duration;
 
 const PAGE: usize = 4096;
 
-fn compile(dir: &Scratch, name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = dir.join(name);
-    let out = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("running cc (the C compiler: apt-get install gcc)");
-    assert!(
-        out.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
 #[test]
 fn forked_children_and_exit_leave_the_mapping_and_nothing_else() {
     need_root();
     let dir = Scratch::new("fork");
-    let exe = compile(&dir, "fork");
+    let exe = compile_c(&dir, "fork");
     let pages = 4096usize;
     let file = dir.join("data.bin");
     std::fs::write(&file, vec![0u8; pages * PAGE]).expect("writing the file");
@@ -68,7 +49,7 @@ fn forked_children_and_exit_leave_the_mapping_and_nothing_else() {
 fn unusable_settings_are_one_line_and_the_kernel_serves() {
     need_root();
     let dir = Scratch::new("bad-settings");
-    let exe = compile(&dir, "private");
+    let exe = compile_c(&dir, "private");
     let pages = 256usize;
     let file = dir.join("data.bin");
     let data: Vec<u8> = (0..pages * PAGE).map(|i| (i * 7 % 251) as u8).collect();

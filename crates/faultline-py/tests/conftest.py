@@ -44,18 +44,24 @@ def write_random(path, nbytes, seed):
     return data
 
 
-def run_python_child(code, timeout=120):
-    """Runs ``code`` in a child Python; its result (``subprocess``'s).
-    A child that dies of a signal (the SIGBUS tests) runs no exit
-    handler, so its managers' stats files are removed here after it."""
+def run_python_child(code, timeout=120, env=None):
+    """Runs ``code`` in a child Python (with environment ``env``, or this
+    one's); its result (``subprocess``'s). A child still running after
+    ``timeout`` seconds is killed and the test fails, saying so. A child
+    that dies of a signal (the SIGBUS tests) runs no exit handler, so its
+    managers' stats files are removed here after it."""
     import glob
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the child Python still ran after {timeout} s (hung?); stderr:\n{err}")
     finally:
         proc.kill()
         proc.wait()

@@ -11,18 +11,16 @@ kernel did the work) and evicted pages. The library is built first
 (``cargo build --release -p faultline-preload`` from the repository root);
 each test has its own files."""
 
-import glob
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import write_random
+from conftest import run_python_child, write_random
 
 MiB = 1 << 20
 BUDGET = 16 * MiB
@@ -65,21 +63,7 @@ def run_preloaded(so, code, files, timeout=120):
     env = dict(os.environ, LD_PRELOAD=str(so), FAULTLINE_FILES=files,
                FAULTLINE_BUDGET="16M", FAULTLINE_PRELOAD_REPORT="1")
     env.pop("FAULTLINE_WORKERS", None)
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"the preloaded child still ran after {timeout} s (hung?); stderr:\n{err}")
-    finally:
-        proc.kill()
-        proc.wait()
-        # A child that died of a signal runs no exit handler.
-        for f in glob.glob(f"/dev/shm/faultline/{proc.pid}-*"):
-            os.remove(f)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_python_child(code, timeout=timeout, env=env)
 
 
 def report(res):

@@ -276,3 +276,4 @@ mod provision;
 
 pub use cluster::Cluster;
 pub use provision::ensure as ensure_installed;
+pub use provision::{ensure_package, find as find_program};

@@ -1,5 +1,6 @@
-//! Getting a real `redis-server` and `redis-cli` onto a machine that has
-//! none: the tests run on fresh machines (a newcomer's first
+//! Getting a real `redis-server` and `redis-cli` (and, [`ensure_package`],
+//! any other Debian package a test runs: `sqlite3`, LMDB's tools) onto a
+//! machine that has none: the tests run on fresh machines (a newcomer's first
 //! `cargo test --workspace`, CI), and a test that needs Redis must run
 //! against a real server, never skip.
 //!
@@ -43,9 +44,9 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// The first of the harness's programs missing from `PATH`.
-fn missing() -> Option<&'static str> {
-    PROGRAMS.into_iter().find(|p| find(p).is_none())
+/// The first of `programs` missing from `PATH`.
+fn missing(programs: &[&'static str]) -> Option<&'static str> {
+    programs.iter().copied().find(|p| find(p).is_none())
 }
 
 /// Makes sure `redis-server` and `redis-cli` are on `PATH`, installing
@@ -59,29 +60,38 @@ pub fn ensure() -> Result<(), HarnessError> {
     if READY.get().is_some() {
         return Ok(());
     }
-    let Some(first) = missing() else {
-        let _ = READY.set(());
+    ensure_package("redis-server", &PROGRAMS)?;
+    let _ = READY.set(());
+    Ok(())
+}
+
+/// Makes sure every one of `programs` is on `PATH`, installing Debian's
+/// `package` if one is not and this process is root with `apt-get` (other
+/// tests' programs: `sqlite3`, LMDB's tools). One install at a time, in
+/// this process and across processes; whoever waited looks again first.
+///
+/// # Errors
+/// [`HarnessError::Missing`] naming the missing program and why it could
+/// not be installed.
+pub fn ensure_package(package: &str, programs: &[&'static str]) -> Result<(), HarnessError> {
+    if missing(programs).is_none() {
         return Ok(());
-    };
+    }
     let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
     let _lock = install_lock();
     // Another thread or process may have installed it while we waited.
-    if missing().is_none() {
-        let _ = READY.set(());
+    let Some(first) = missing(programs) else {
         return Ok(());
-    }
-    install().map_err(|why| HarnessError::Missing {
+    };
+    install(package).map_err(|why| HarnessError::Missing {
         program: first,
         why,
     })?;
-    match missing() {
-        None => {
-            let _ = READY.set(());
-            Ok(())
-        }
+    match missing(programs) {
+        None => Ok(()),
         Some(p) => Err(HarnessError::Missing {
             program: p,
-            why: "apt-get installed redis-server, and it is still not on PATH".into(),
+            why: format!("apt-get installed {package}, and it is still not on PATH"),
         }),
     }
 }
@@ -99,26 +109,28 @@ fn install_lock() -> Option<std::fs::File> {
     (rc == 0).then_some(f)
 }
 
-/// Installs Debian's `redis-server`; `Err` says why it could not.
-fn install() -> Result<(), String> {
+/// Installs Debian's `package`; `Err` says why it could not.
+fn install(package: &str) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(
-            "not root, so it cannot be installed here: apt-get install -y redis-server".into(),
-        );
+        return Err(format!(
+            "not root, so it cannot be installed here: apt-get install -y {package}"
+        ));
     }
     if find("apt-get").is_none() {
-        return Err("no apt-get to install it with: install redis-server (and redis-cli)".into());
+        return Err(format!("no apt-get to install it with: install {package}"));
     }
-    eprintln!("redis-harness: redis-server is not on PATH; installing Debian's redis-server");
-    let first = apt(&["install", "-y", "-q", "redis-server"]);
+    eprintln!(
+        "redis-harness: installing Debian's {package} (a program the tests need is not on PATH)"
+    );
+    let first = apt(&["install", "-y", "-q", package]);
     if first.is_ok() {
         return Ok(());
     }
     // The package lists may never have been fetched on this machine.
     apt(&["update", "-q"]).map_err(|e| format!("apt-get update failed: {e}"))?;
-    apt(&["install", "-y", "-q", "redis-server"])
-        .map_err(|e| format!("apt-get install -y redis-server failed: {e}"))
+    apt(&["install", "-y", "-q", package])
+        .map_err(|e| format!("apt-get install -y {package} failed: {e}"))
 }
 
 /// Runs `apt-get args` non-interactively; `Err` holds the end of its

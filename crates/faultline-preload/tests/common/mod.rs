@@ -10,7 +10,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// One MiB.
@@ -80,89 +80,15 @@ pub fn preload_so() -> &'static Path {
 
 /// Where `program` is on `PATH`, if it is.
 pub fn find(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| is_executable(p))
+    redis_harness::find_program(program)
 }
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// One install at a time in this process.
-static INSTALLING: Mutex<()> = Mutex::new(());
 
 /// Makes sure every one of `programs` is on `PATH`, installing Debian's
-/// `package` if one is not (as `redis-harness`'s provisioning does: root
-/// with `apt-get`; `apt-get update` only if the plain install fails; one
-/// install at a time, serialized by a mutex and an exclusive `flock` on
-/// the temporary directory, looking again after the wait). Fails the test
-/// saying why where it cannot.
-pub fn ensure_programs(package: &str, programs: &[&str]) {
-    let missing = || programs.iter().copied().find(|p| find(p).is_none());
-    if missing().is_none() {
-        return;
-    }
-    let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
-    let _lock = install_lock();
-    if missing().is_none() {
-        return;
-    }
-    let first = missing().unwrap_or_default();
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!(
-            "{first} is not on PATH, and only root can install it: apt-get install -y {package}"
-        );
-    }
-    if find("apt-get").is_none() {
-        panic!("{first} is not on PATH, and there is no apt-get to install {package} with");
-    }
-    eprintln!("{first} is not on PATH; installing Debian's {package}");
-    if let Err(first_try) = apt(&["install", "-y", "-q", package]) {
-        // The package lists may never have been fetched on this machine.
-        apt(&["update", "-q"]).unwrap_or_else(|e| {
-            panic!(
-                "apt-get install -y {package} failed ({first_try}), and apt-get update failed: {e}"
-            )
-        });
-        apt(&["install", "-y", "-q", package])
-            .unwrap_or_else(|e| panic!("apt-get install -y {package} failed: {e}"));
-    }
-    if let Some(p) = missing() {
-        panic!("apt-get installed {package}, and {p} is still not on PATH");
-    }
-}
-
-/// An exclusive lock on the temporary directory itself (nothing is
-/// created, so nothing is left behind), held until dropped; `None` if it
-/// cannot be taken (the mutex still serializes this process).
-fn install_lock() -> Option<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(std::env::temp_dir()).ok()?;
-    // SAFETY: flock on a descriptor this function holds open; the lock
-    // goes with the descriptor.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    (rc == 0).then_some(f)
-}
-
-/// Runs `apt-get args` non-interactively; `Err` holds the end of its
-/// output.
-fn apt(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("apt-get")
-        .args(args)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running apt-get: {e}"))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let err = String::from_utf8_lossy(&out.stderr);
-    let tail: Vec<&str> = err.lines().rev().take(3).collect();
-    Err(format!("{}: {}", out.status, tail.join(" | ")))
+/// `package` if one is not (`redis-harness`'s provisioning: root with
+/// `apt-get`, one install at a time). Fails the test saying why where it
+/// cannot.
+pub fn ensure_programs(package: &str, programs: &[&'static str]) {
+    redis_harness::ensure_package(package, programs).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A scratch directory of one test's own, removed when it drops (also
@@ -521,4 +447,24 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> String {
             b.len()
         ),
     }
+}
+
+/// The C program `tests/c/<name>.c`, compiled (`cc -O2 -pthread`) into
+/// `dir`; fails the test with the compiler's message.
+pub fn compile_c(dir: &Scratch, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("running cc (the C compiler: apt-get install gcc)");
+    assert!(
+        out.status.success(),
+        "cc {} failed: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
 }
