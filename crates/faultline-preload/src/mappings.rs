@@ -184,6 +184,33 @@ impl Served {
         }
     }
 
+    /// Drops the pages of region bytes `range` because another writer
+    /// changed the file (`Discard::StoreChanged`), and maps again at once
+    /// those that were resident: the program was using them, and reading
+    /// them now (from the page cache its write just filled) is cheaper
+    /// than its next fault.
+    pub(crate) fn refresh(&self, range: Range<usize>) {
+        let r = range.start / PAGE * PAGE..pages_of(range.end).min(self.len());
+        let resident: Vec<usize> = r
+            .clone()
+            .step_by(PAGE)
+            .filter(|&at| self.is_resident(at))
+            .collect();
+        let _ = self.discard(r, Discard::StoreChanged);
+        for at in resident {
+            let _ = self.prefetch(at..at + PAGE);
+        }
+    }
+
+    fn is_resident(&self, offset: usize) -> bool {
+        let at = self.addr() + offset;
+        match &self.region {
+            Mapped::Rw(r) => r.is_resident(at),
+            Mapped::Ro(r) => r.is_resident(at),
+        }
+        .unwrap_or(false)
+    }
+
     pub(crate) fn prefetch(&self, range: Range<usize>) -> Result<usize, FaultError> {
         match &self.region {
             Mapped::Rw(r) => r.prefetch(range),
