@@ -305,18 +305,18 @@ fn faultlines_threads_take_sigbus_even_when_their_creator_blocks_it() {
     })
     .join()
     .expect("builder thread");
-    // A new thread unblocks SIGBUS first thing, once it runs: give each a
-    // moment to start.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    // A new thread names itself and unblocks SIGBUS first thing, once it
+    // runs: give each a moment to start (on a loaded machine none may
+    // have run yet when the build returns).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let (seen, blocking) = faultline_threads_blocking_sigbus();
-        assert!(seen > 0, "no faultline thread found in /proc/self/task");
-        if blocking.is_empty() {
+        if seen > 0 && blocking.is_empty() {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "faultline threads block SIGBUS: {blocking:?}"
+            "after 5 s: {seen} faultline threads in /proc/self/task, these block SIGBUS: {blocking:?}"
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
