@@ -66,6 +66,8 @@ enum Which {
     FarMemory(bench::far_memory::FarOpts),
     /// Migration between pools: 1 x 4 KiB, 512 x 4 KiB, 1 x 2 MiB; 1..N threads; per-page vs chunked copy; memcpy reference.
     Migrate(bench::BenchOpts),
+    /// SQLite random point lookups on a database ~30x the budget: the faultline preload (LD_PRELOAD) vs the kernel's mmap and SQLite's own cache in memory cgroups of the same size.
+    Preload(bench::preload::PreloadOpts),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -92,6 +94,7 @@ fn main() -> anyhow::Result<()> {
                 Which::OutOfCore(o) => (bench::out_of_core::run(&o)?, o.common.json),
                 Which::Migrate(o) => (bench::migrate::run(&o)?, o.json),
                 Which::FarMemory(o) => (bench::far_memory::run(&o)?, o.common.json),
+                Which::Preload(o) => (bench::preload::run(&o)?, o.json),
             };
             report.print(json)?;
             if let Some(file) = plot {

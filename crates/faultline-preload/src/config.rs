@@ -5,6 +5,7 @@
 //! | `FAULTLINE_FILES` | colon-separated glob patterns of absolute paths; a file mapping whose file matches is served by faultline. Unset or empty: the library does nothing |
 //! | `FAULTLINE_BUDGET` | the memory budget: bytes, or a number with `K`, `M` or `G` (binary units); default faultline's |
 //! | `FAULTLINE_WORKERS` | fault workers; default faultline's |
+//! | `FAULTLINE_FAULT_MODE` | `workers` (default) or `in-thread`: faults served by the faulting thread (faster; a `read(2)` or other system call into a page not yet mapped fails with `EFAULT` instead of being served) |
 //! | `FAULTLINE_PRIVATE_DIR` | the overlay directory of private writable mappings (`private_file.rs`; default `/var/tmp`) |
 //! | `FAULTLINE_ANON_MIN` | a size: private anonymous mappings at least this large are served too (`anonymous.rs`); unset: none |
 //! | `FAULTLINE_STORE` | where served anonymous mappings' evicted pages go: `redis://host:port/` (a Redis server), or unset for an overlay file in `FAULTLINE_PRIVATE_DIR` |
@@ -25,6 +26,8 @@ pub(crate) struct Settings {
     files: Vec<Pattern>,
     pub(crate) budget: Option<usize>,
     pub(crate) workers: Option<usize>,
+    /// Faults served by the faulting thread (`FAULTLINE_FAULT_MODE=in-thread`).
+    pub(crate) in_thread: bool,
     pub(crate) report: bool,
     /// Private anonymous mappings at least this large are served.
     pub(crate) anon_min: Option<usize>,
@@ -52,6 +55,8 @@ pub(crate) enum ConfigError {
     Pattern { pattern: String, why: String },
     #[error("FAULTLINE_FILES pattern {0:?} is not an absolute path")]
     Relative(String),
+    #[error("FAULTLINE_FAULT_MODE={0:?} is neither `workers` nor `in-thread`")]
+    FaultMode(String),
     #[error("FAULTLINE_ANON_MIN={0:?} is not a size (bytes, or a number with K, M or G)")]
     AnonMin(String),
     #[error("FAULTLINE_STORE={0:?} is not a store (redis://host:port/)")]
@@ -110,11 +115,17 @@ impl Settings {
             ),
             None => None,
         };
+        let in_thread = match var("FAULTLINE_FAULT_MODE").as_deref().map(str::trim) {
+            None | Some("") | Some("workers") => false,
+            Some("in-thread") => true,
+            Some(other) => return Err(ConfigError::FaultMode(other.into())),
+        };
         Ok(Some(Settings {
             files: patterns,
             budget,
             workers,
             report: var("FAULTLINE_PRELOAD_REPORT").is_some_and(|r| !r.is_empty()),
+            in_thread,
             anon_min,
             anon_store,
         }))
@@ -238,6 +249,17 @@ mod tests {
             ])
             .err(),
             Some(ConfigError::Store("memcached://x".into()))
+        );
+    }
+
+    #[test]
+    fn fault_modes_are_named() {
+        let on = |m: &str| read(&[("FAULTLINE_FILES", "/d/*"), ("FAULTLINE_FAULT_MODE", m)]);
+        assert!(!on("workers").expect("valid").expect("on").in_thread);
+        assert!(on("in-thread").expect("valid").expect("on").in_thread);
+        assert_eq!(
+            on("fast").err(),
+            Some(ConfigError::FaultMode("fast".into()))
         );
     }
 

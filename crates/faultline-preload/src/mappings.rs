@@ -435,6 +435,9 @@ fn manager() -> Option<&'static Manager> {
             if let Some(w) = s.workers {
                 b = b.workers(w);
             }
+            if s.in_thread {
+                b = b.fault_mode(faultline::FaultMode::InThread);
+            }
             match b.build() {
                 Ok(mm) => {
                     crate::exit::register(&mm);

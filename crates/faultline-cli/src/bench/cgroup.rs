@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// A fresh memory cgroup of `limit` bytes, removed on drop.
-fn new_cgroup(limit: usize) -> anyhow::Result<MemoryCgroup> {
+pub(super) fn new_cgroup(limit: usize) -> anyhow::Result<MemoryCgroup> {
     let h = Hierarchy::find()?;
     let name = format!(
         "faultline-bench-{}-{}",

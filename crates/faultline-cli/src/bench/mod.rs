@@ -10,6 +10,7 @@ pub mod lookup;
 pub mod migrate;
 pub mod out_of_core;
 pub mod parallel_fault;
+pub mod preload;
 
 use faultline::Config;
 use indicatif::{ProgressBar, ProgressStyle};
