@@ -171,10 +171,15 @@ impl Served {
         })
     }
 
+    /// Region bytes `range` widened to whole pages, inside the region.
+    fn whole_pages(&self, range: Range<usize>) -> Range<usize> {
+        range.start / PAGE * PAGE..pages_of(range.end).min(self.len())
+    }
+
     /// Drops the pages of region bytes `range` (offsets, widened to whole
     /// pages), as `how` says.
     pub(crate) fn discard(&self, range: Range<usize>, how: Discard) -> Result<usize, FaultError> {
-        let r = range.start / PAGE * PAGE..pages_of(range.end).min(self.len());
+        let r = self.whole_pages(range);
         if r.is_empty() {
             return Ok(0);
         }
@@ -190,7 +195,7 @@ impl Served {
     /// them now (from the page cache its write just filled) is cheaper
     /// than its next fault.
     pub(crate) fn refresh(&self, range: Range<usize>) {
-        let r = range.start / PAGE * PAGE..pages_of(range.end).min(self.len());
+        let r = self.whole_pages(range);
         let resident: Vec<usize> = r
             .clone()
             .step_by(PAGE)
