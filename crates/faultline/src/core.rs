@@ -119,7 +119,8 @@ pub(crate) struct Core {
     /// no frame waits for them rather than being refused.
     pub(crate) reclaiming: AtomicUsize,
     stopping: AtomicBool,
-    /// Nested faults: lenders and the standby's trigger (`nesting.rs`).
+    /// Nested faults and spare servers: lenders, who is busy, the spares'
+    /// duty (`nesting.rs`).
     pub(crate) nesting: Nesting,
     /// faultline's own `MADV_DONTNEED` calls on registered memory, told
     /// apart from the program's (`own_discards.rs`).
@@ -171,10 +172,7 @@ impl Core {
         deferred_fd: EventFd,
     ) -> Core {
         Core {
-            locks: FaultLocks::new(
-                config.experiment.locks,
-                config.experiment.lock_table(config.workers),
-            ),
+            locks: FaultLocks::new(config.experiment.locks, config.lock_table()),
             stats: Stats::new(config.workers + 1),
             pagemap,
             pid: faultline_sys::host::process_id(),
@@ -197,7 +195,7 @@ impl Core {
             kick: crate::kick::Kick::default(),
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
-            nesting: Nesting::new(config.workers),
+            nesting: Nesting::new(config.workers, config.spare_servers),
             own_discards: OwnDiscards::new(config.program_removals),
             drop_rechecks: DropRechecks::default(),
             rereads: crate::rereads::Rereads::default(),
@@ -234,7 +232,7 @@ impl Core {
         self.stopping.store(true, Ordering::Release);
         self.reserve_cv.notify_all();
         self.kick.wake();
-        self.nesting.wake_standby();
+        self.nesting.wake_spares();
         self.own_discards.stop();
     }
 

@@ -1,7 +1,8 @@
 //! Fault locks: serialize the resolution of one page (seed 003).
 //!
 //! A table of `n` cache-line-padded mutexes, `n` a power of two (by default
-//! the next power of two of `2 x workers`, at least 64); the page with key `(domain, page)`
+//! [`crate::Config::lock_table`]: by CPUs and servers, at least 64); the
+//! page with key `(domain, page)`
 //! uses lock `hash(domain, page) & (n - 1)`. The domain is the region, or for
 //! a store that names its backing object ([`crate::Store::identity`]) that
 //! object, so two regions over one file serialize the same file page. With
@@ -17,7 +18,7 @@
 //! change only under its lock. Workers never touch region memory, but a
 //! store called under a fault lock may (a store that reads another region):
 //! its thread then faults while holding the lock. Such a fault is served by
-//! another worker or the standby, and if its page needs a lock the faulting
+//! another worker or a spare server, and if its page needs a lock the faulting
 //! worker holds, under that worker's lock — the worker is stopped in the
 //! fault, so the lock is as good as the server's ([`FaultLocks::owner`]
 //! tells who holds it). Locks are leaves: while one is held only the allocator's

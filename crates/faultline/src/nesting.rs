@@ -1,7 +1,8 @@
-//! Nested faults: a store called under a fault lock (a fill's read, a
-//! write-back's write, a gather's read) may touch a faultline region — a
-//! store that reads another region — and its thread then faults while it
-//! holds the lock. Two rules keep that from deadlocking:
+//! Nested faults and spare servers. A store called under a fault lock (a
+//! fill's read, a write-back's write, a gather's read) may touch a
+//! faultline region — a store that reads another region — and its thread
+//! then faults while it holds the lock. Two rules keep that from
+//! deadlocking:
 //!
 //! 1. **Lending.** A thread inside such a store call is a *lender*
 //!    ([`Nesting::lend`]: its thread id, the region and the pages its call is
@@ -11,18 +12,33 @@
 //!    page of the lender's own call (that store reads its own page: no
 //!    answer exists). A server never waits for a lock a stopped lender holds
 //!    ([`Nesting::is_lending`]): it puts the event back and serves others.
-//! 2. **The standby.** Workers mark themselves busy around store-backed
-//!    faults ([`Nesting::enter_busy`]); when every worker stays busy with
-//!    none finishing a call for a while ([`Nesting::all_stuck`]), the
-//!    standby worker serves events until one finishes.
+//! 2. **Spare servers.** Workers and spares mark themselves busy around
+//!    store-backed faults ([`Nesting::enter_busy`]); spare `r` is on duty
+//!    while at least `workers + r` servers are busy ([`Nesting::on_duty`])
+//!    and events wait for a server, so while every worker waits in a store
+//!    call — slow, or stuck on a fault of its own store — another server
+//!    takes the next event. The same rule lets many store reads be in
+//!    flight at once (issue 42). A spare sleeps apart from the
+//!    userfaultfd (parked, not in `epoll`), so it costs an idle fault
+//!    nothing: a server that becomes busy with `n` busy looks for events
+//!    waiting and, if there are any, calls spare `n - workers`
+//!    ([`Nesting::call_spare`]); spare 0 also looks every [`STUCK`] while
+//!    every worker is busy (a worker stuck on its store's own fault reads
+//!    no events). Calling a spare only for waiting work matters on few
+//!    CPUs: a spare that went on duty whenever both of 2 workers were busy
+//!    took 20% of 2 threads' random reads (docs/design.md, "Spare
+//!    servers").
 //!
 //! Invariant: a lender's entry lives exactly as long as its store call (a
-//! guard). Locks: `lenders` and `standby_mx` are leaves.
+//! guard); `busy` counts the [`Busy`] guards alive. Locks: `lenders` is a
+//! leaf; the spares' parking takes none.
 
 use crate::locks::{this_thread, FaultLocks};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
 use std::time::Duration;
 
 /// A thread inside a store call made under a fault lock.
@@ -41,32 +57,41 @@ pub(crate) struct Nesting {
     /// `lenders.len()`, readable without the mutex: every fault asks
     /// whether its thread lends, and almost always none does.
     lending: AtomicUsize,
-    /// Workers inside a store-backed fault.
+    /// Servers (workers and spares) inside a store-backed fault.
     busy: AtomicUsize,
-    /// Store-backed faults being served, by workers and the standby.
+    /// Store-backed faults being served, by any server or in-thread.
     serving: AtomicUsize,
-    /// Store-backed faults finished so far.
-    busy_exits: AtomicU64,
     /// Store calls made under a fault lock that have ended, either way.
     calls_ended: AtomicU64,
-    /// Wakes the standby when every worker is busy, or at shutdown.
-    standby_cv: Condvar,
-    /// The standby's condvar mutex (guards nothing but the wait).
-    standby_mx: Mutex<()>,
+    /// Each spare's thread by rank, set when it starts (to unpark it).
+    spares: Box<[OnceLock<Thread>]>,
+    /// How long a parked spare naps ([`SPARE_NAP`]; longer in a test).
+    nap: Duration,
 }
 
+/// How long a parked spare sleeps before it looks for work again without
+/// being called (a backstop: a server that finds work waiting while every
+/// worker is busy calls the next spare).
+const SPARE_NAP: Duration = Duration::from_millis(100);
+
+/// How long spare 0 naps while every worker is busy: a worker whose store
+/// faulted on a region is stuck until some server reads that fault, and
+/// no busy server reads.
+const STUCK: Duration = Duration::from_millis(5);
+
 impl Nesting {
-    pub(crate) fn new(workers: usize) -> Nesting {
+    /// The state of a manager with `workers` workers and `spares` spare
+    /// servers.
+    pub(crate) fn new(workers: usize, spares: usize) -> Nesting {
         Nesting {
             workers,
             lenders: Mutex::new(Vec::new()),
             lending: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
             serving: AtomicUsize::new(0),
-            busy_exits: AtomicU64::new(0),
             calls_ended: AtomicU64::new(0),
-            standby_cv: Condvar::new(),
-            standby_mx: Mutex::new(()),
+            spares: (0..spares).map(|_| OnceLock::new()).collect(),
+            nap: SPARE_NAP,
         }
     }
 
@@ -107,23 +132,65 @@ impl Nesting {
         mine.peek().is_some() && !mine.any(|l| l.region == region && l.pages.contains(&page))
     }
 
-    /// Marks a worker busy (inside a store-backed fault) until the guard
-    /// drops; when every worker is busy, wakes the standby.
+    /// Marks a server busy (inside a store-backed fault, or waiting for a
+    /// page lock to serve one) until the guard drops.
     pub(crate) fn enter_busy(&self) -> Busy<'_> {
-        // Relaxed: a heuristic count; the wake-up below goes through the
-        // standby's mutex.
-        let n = self.busy.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= self.workers {
-            let _g = self.standby_mx.lock();
-            self.standby_cv.notify_one();
-        }
+        // Relaxed: a count read as a hint (`on_duty`, `next_spare`); a
+        // spare's wake-up goes through `unpark`, which happens-before its
+        // `park` returns, and the spare reads the count again after that.
+        self.busy.fetch_add(1, Ordering::Relaxed);
         Busy { nesting: self }
     }
 
-    /// Counts a store-backed fault being served (by a worker, the standby
-    /// or the faulting thread itself) until the guard drops; entered once
-    /// the fault holds its page's lock (or is served under a stopped
-    /// lender's), never while it waits for one.
+    /// The rank of the spare whose duty begins now, if every worker is
+    /// busy: `busy - workers`.
+    pub(crate) fn next_spare(&self) -> Option<usize> {
+        self.busy
+            .load(Ordering::Relaxed)
+            .checked_sub(self.workers)
+            .filter(|&rank| rank < self.spares.len())
+    }
+
+    /// Unparks spare `rank` (it looks for work waiting, and serves it).
+    pub(crate) fn call_spare(&self, rank: usize) {
+        if let Some(spare) = self.spares.get(rank).and_then(OnceLock::get) {
+            spare.unpark();
+        }
+    }
+
+    /// Records the calling thread as spare `rank` (to be unparked).
+    pub(crate) fn register_spare(&self, rank: usize) {
+        if let Some(slot) = self.spares.get(rank) {
+            let _ = slot.set(std::thread::current());
+        }
+    }
+
+    /// Whether spare `rank` is on duty: every worker and every spare
+    /// ranked before it busy (as far as the count tells: a busy spare
+    /// ranked after it counts too, which only puts one more server on
+    /// duty for a moment).
+    pub(crate) fn on_duty(&self, rank: usize) -> bool {
+        self.busy.load(Ordering::Relaxed) >= self.workers + rank
+    }
+
+    /// Parks spare `rank` (the calling thread) until it is called
+    /// ([`Nesting::call_spare`]) or a nap ends: [`STUCK`] for spare 0
+    /// while every worker is busy (a worker whose store faulted on a
+    /// region waits for a server, and nobody reads that fault's event
+    /// until one looks), [`SPARE_NAP`] otherwise.
+    pub(crate) fn nap(&self, rank: usize) {
+        let nap = if rank == 0 && self.on_duty(0) {
+            STUCK
+        } else {
+            self.nap
+        };
+        std::thread::park_timeout(nap);
+    }
+
+    /// Counts a store-backed fault being served (by a server or the
+    /// faulting thread itself) until the guard drops; entered once the
+    /// fault holds its page's lock (or is served under a stopped lender's),
+    /// never while it waits for one.
     pub(crate) fn enter_serving(&self) -> Serving<'_> {
         // Relaxed: read by `reclaim::nothing_to_wait_for`. A refusal needs
         // it seen again after a failed allocation (`faulting::settle`),
@@ -144,50 +211,17 @@ impl Nesting {
         )
     }
 
-    /// Store-backed faults being served now, the standby's included (a
-    /// hint).
+    /// Store-backed faults being served now, by any server (a hint).
     pub(crate) fn serving(&self) -> usize {
         self.serving.load(Ordering::Relaxed)
     }
 
-    fn all_busy(&self) -> bool {
-        self.busy.load(Ordering::Relaxed) >= self.workers
-    }
-
-    /// Store-backed faults finished so far. Relaxed: a counter compared
-    /// with itself; a stale value only delays or repeats a check.
-    pub(crate) fn busy_exits(&self) -> u64 {
-        self.busy_exits.load(Ordering::Relaxed)
-    }
-
-    /// Blocks the standby until every worker is busy or `stopping()`.
-    pub(crate) fn await_all_busy(&self, stopping: impl Fn() -> bool) {
-        let mut g = self.standby_mx.lock();
-        while !stopping() && !self.all_busy() {
-            self.standby_cv.wait(&mut g);
+    /// Unparks every spare, for shutdown (the caller has set the stop
+    /// flag).
+    pub(crate) fn wake_spares(&self) {
+        for spare in self.spares.iter().filter_map(OnceLock::get) {
+            spare.unpark();
         }
-    }
-
-    /// Whether every worker stays busy with none finishing for `window`:
-    /// stuck (a store that faults on a region waits for a server), not just
-    /// busy with slow stores — a standby joining busy workers would only
-    /// take CPU from them.
-    pub(crate) fn all_stuck(&self, window: Duration) -> bool {
-        let seen = self.busy_exits();
-        std::thread::sleep(window);
-        self.all_busy() && self.busy_exits() == seen
-    }
-
-    /// Whether the standby should go on serving: every worker still busy
-    /// and none finished since `seen`.
-    pub(crate) fn still_stuck(&self, seen: u64) -> bool {
-        self.all_busy() && self.busy_exits() == seen
-    }
-
-    /// Wakes the standby for shutdown (the caller has set the stop flag).
-    pub(crate) fn wake_standby(&self) {
-        let _g = self.standby_mx.lock();
-        self.standby_cv.notify_all();
     }
 }
 
@@ -219,7 +253,6 @@ pub(crate) struct Busy<'a> {
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.nesting.busy_exits.fetch_add(1, Ordering::Relaxed);
         self.nesting.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -242,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_lender_lends_its_locks_but_not_for_its_own_pages() {
-        let n = Nesting::new(1);
+        let n = Nesting::new(1, 1);
         let locks = FaultLocks::new(LockMode::Global, 1);
         let me = this_thread();
         let _g = locks.lock(0, 0);
@@ -259,12 +292,66 @@ mod tests {
     }
 
     #[test]
-    fn stuck_only_without_exits() {
-        let n = Nesting::new(1);
+    fn spares_go_on_duty_in_rank_order() {
+        let n = Nesting::new(2, 3);
+        assert!(!n.on_duty(0));
+        let a = n.enter_busy();
+        assert!(!n.on_duty(0), "a worker is free");
         let b = n.enter_busy();
-        assert!(n.all_stuck(Duration::from_millis(1)));
-        let seen = n.busy_exits();
-        drop(b);
-        assert!(!n.still_stuck(seen));
+        assert!(n.on_duty(0) && !n.on_duty(1));
+        let c = n.enter_busy();
+        assert!(n.on_duty(1) && !n.on_duty(2));
+        drop((a, b));
+        assert!(!n.on_duty(0), "two workers free again");
+        drop(c);
+    }
+
+    #[test]
+    fn the_next_spare_is_the_count_past_the_workers() {
+        let n = Nesting::new(2, 2);
+        let a = n.enter_busy();
+        assert_eq!(n.next_spare(), None);
+        let b = n.enter_busy();
+        assert_eq!(n.next_spare(), Some(0));
+        let c = n.enter_busy();
+        assert_eq!(n.next_spare(), Some(1));
+        let d = n.enter_busy();
+        assert_eq!(n.next_spare(), None, "only 2 spares");
+        drop((a, b, c, d));
+    }
+
+    #[test]
+    fn a_called_spare_wakes_before_its_nap_ends() {
+        let n = std::sync::Arc::new(Nesting {
+            nap: Duration::from_secs(30),
+            ..Nesting::new(1, 2)
+        });
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spare = {
+            let (n, stop) = (n.clone(), stop.clone());
+            std::thread::spawn(move || {
+                n.register_spare(1);
+                let t = std::time::Instant::now();
+                while !stop.load(Ordering::Relaxed) && !n.on_duty(1) {
+                    n.nap(1);
+                }
+                t.elapsed()
+            })
+        };
+        // Let the spare park (its registration is all it needs).
+        while n.spares[1].get().is_none() {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let _a = n.enter_busy();
+        let _b = n.enter_busy();
+        assert_eq!(n.next_spare(), Some(1));
+        n.call_spare(1);
+        let waited = spare.join().expect("spare thread");
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            waited < Duration::from_secs(10),
+            "woken by the call, not by its 30 s nap: {waited:?}"
+        );
     }
 }

@@ -149,7 +149,7 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("budget_frames", G, s.budget_frames as u64),
         ("frames_overhead", G, s.frames_overhead as u64),
         ("poison_retries", C, s.poison_retries),
-        ("standby_serves", C, s.standby_serves),
+        ("spare_serves", C, s.spare_serves),
         ("errors_dropped", C, s.errors_dropped),
         ("copy_chunks_helped", C, s.copy_chunks_helped),
         ("locks_acquisitions", C, s.locks.acquisitions),

@@ -56,7 +56,7 @@ pub struct Stats {
     pub(crate) ballooned: AtomicU64,
     pub(crate) unballooned: AtomicU64,
     pub(crate) poison_retries: AtomicU64,
-    pub(crate) standby_serves: AtomicU64,
+    pub(crate) spare_serves: AtomicU64,
     pub(crate) errors_dropped: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
     /// Store reads on the fault path (fills), timed.
@@ -112,7 +112,7 @@ impl Stats {
             ballooned: AtomicU64::new(0),
             unballooned: AtomicU64::new(0),
             poison_retries: AtomicU64::new(0),
-            standby_serves: AtomicU64::new(0),
+            spare_serves: AtomicU64::new(0),
             errors_dropped: AtomicU64::new(0),
             copy_chunks_helped: AtomicU64::new(0),
             written_back: AtomicU64::new(0),
@@ -204,7 +204,7 @@ impl Stats {
             ballooned: r(&self.ballooned),
             unballooned: r(&self.unballooned),
             poison_retries: r(&self.poison_retries),
-            standby_serves: r(&self.standby_serves),
+            spare_serves: r(&self.spare_serves),
             errors_dropped: r(&self.errors_dropped),
             copy_chunks_helped: r(&self.copy_chunks_helped),
             locks: LockStat::default(),
@@ -434,9 +434,10 @@ pub struct StatsSnapshot {
     /// Poisoned pages given another try (the store is read again): their
     /// marker cleared after its back-off, or a fault on a dropped marker.
     pub poison_retries: u64,
-    /// Events the standby worker handled while every worker was inside a
-    /// store call (a store that reads another region, or a slow store).
-    pub standby_serves: u64,
+    /// Events the spare servers handled while every worker was inside a
+    /// store-backed fault (a slow store, or a store that reads another
+    /// region).
+    pub spare_serves: u64,
     /// Fault errors dropped from the full error queue (the oldest go).
     pub errors_dropped: u64,
     /// Migration copy chunks done by idle fault workers.

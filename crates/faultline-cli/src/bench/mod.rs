@@ -27,6 +27,14 @@ pub struct BenchOpts {
     /// Fault workers (default: one per CPU, at most 4).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Spare servers: store-backed faults served at once beyond the
+    /// workers (default: four per CPU, 8 to 64).
+    #[arg(long)]
+    pub spare_servers: Option<usize>,
+    /// Fault locks in the hashed table, a power of two (default: 16 per
+    /// CPU and 4 per server, at least 64: `Config::lock_table`).
+    #[arg(long)]
+    pub fault_locks: Option<usize>,
     /// Size the manager, and the bench's thread counts, for this many CPUs
     /// (default: the CPUs this process may run on): a run on a small
     /// machine shaped as it would be on a large one.
@@ -73,12 +81,19 @@ impl BenchOpts {
         if let Some(n) = self.cpus {
             c.cpus = n;
             c.workers = Config::default_workers(n);
+            c.spare_servers = Config::default_spare_servers(n);
+        }
+        if let Some(s) = self.spare_servers {
+            c.spare_servers = s;
+        }
+        if let Some(n) = self.fault_locks {
+            c.experiment.fault_locks = Some(n);
         }
         c.experiment.exclusive_wake = self.exclusive_wake;
         if let Some(w) = self.workers {
             // The fault lock table follows: `experiment.fault_locks` stays
-            // `None`, so the build derives it from the workers (the next
-            // power of two of 2 x workers, at least 64).
+            // `None`, so the build sizes it by CPUs and servers
+            // (`Config::lock_table`).
             c.workers = w;
         }
         c.pin_workers = !self.no_pin;

@@ -60,6 +60,13 @@ impl ManagerBuilder {
         self
     }
 
+    /// Number of spare servers ([`Config::spare_servers`]): the store
+    /// reads in flight at once beyond the workers.
+    pub fn spare_servers(mut self, n: usize) -> Self {
+        self.config.spare_servers = n;
+        self
+    }
+
     /// Who serves missing-page faults: fault workers (the default) or the
     /// faulting thread itself ([`Config::fault_mode`], with its costs).
     pub fn fault_mode(mut self, mode: crate::config::FaultMode) -> Self {
@@ -68,13 +75,15 @@ impl ManagerBuilder {
     }
 
     /// Sizes the manager for `cpus` CPUs ([`Config::cpus`]) and sets the
-    /// worker count to its default for them ([`Config::default_workers`];
-    /// a later [`ManagerBuilder::workers`] overrides it). Above the
+    /// worker and spare-server counts to their defaults for them
+    /// ([`Config::default_workers`], [`Config::default_spare_servers`]; a
+    /// later [`ManagerBuilder::workers`] overrides it). Above the
     /// machine's count it builds the manager a larger machine would get:
     /// more per-CPU frame lists, each with a smaller share of the pool.
     pub fn cpus(mut self, cpus: usize) -> Self {
         self.config.cpus = cpus;
         self.config.workers = Config::default_workers(cpus);
+        self.config.spare_servers = Config::default_spare_servers(cpus);
         self
     }
 

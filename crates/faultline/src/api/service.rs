@@ -1,5 +1,5 @@
 //! The threads of one manager and their shutdown: the fault workers, the
-//! standby worker, the reclaimer, the zeroing worker and the pump of
+//! spare servers, the reclaimer, the zeroing worker and the pump of
 //! faultline's own removal events (`own_discards.rs`), all holding an
 //! `Arc<Core>`. The [`Manager`](super::Manager) and every
 //! [`Region`](super::Region) hold an `Arc<Service>`; when the last one is
@@ -15,7 +15,7 @@
 use crate::core::Core;
 use crate::error::BuildError;
 use crate::fault::inthread::{self, Registration};
-use crate::fault::service::{run_standby, run_worker};
+use crate::fault::service::{run_spare, run_worker};
 use crate::frame::FrameAllocator;
 use crate::publish::Publisher;
 use faultline_sys::uffd::{EventFd, Waiter};
@@ -51,7 +51,7 @@ impl Service {
         let others: [RawFd; 2] = [shutdown.raw_fd(), core.deferred_fd.raw_fd()];
         let wake_one = core.config.experiment.exclusive_wake;
         let workers = core.config.workers;
-        let waiters = (0..=workers)
+        let waiters = (0..core.config.servers())
             .map(|_| Waiter::new(&core.uffd, &others, wake_one))
             .collect::<Result<Vec<_>, _>>()?;
         let in_thread = match core.config.fault_mode {
@@ -68,13 +68,13 @@ impl Service {
             let name = if i < workers {
                 format!("faultline-w{i}")
             } else {
-                "faultline-standby".into()
+                format!("faultline-s{}", i - workers)
             };
             service.spawn(name, move |c| {
                 if i < workers {
                     run_worker(c, i, waiter)
                 } else {
-                    run_standby(c, i, waiter)
+                    run_spare(c, i, i - workers, waiter)
                 }
             })?;
         }

@@ -14,10 +14,13 @@ pub struct Experiment {
     /// Fault lock discipline (seed 003). Default [`LockMode::Hashed`].
     pub locks: LockMode,
     /// Number of locks in the hashed table (a power of two). `None`
-    /// (default): the next power of two of `2 * workers` (seed 003's
-    /// sizing), at least 64: a read-ahead run tries the locks of its pages,
-    /// and with a table of 4 a concurrent fault holds one of them a quarter
-    /// of the time.
+    /// (default): [`super::Config::lock_table`], sized by CPUs and
+    /// servers as seed 003 sizes the kernel's by CPUs (`2 x CPUs` there:
+    /// a lock that covers one huge page while it is zeroed; here a lock
+    /// covers a fault-around window and is held across a store read, so
+    /// 16 per CPU), at least 64: a read-ahead run tries the locks of its
+    /// pages, and with a table of 4 a concurrent fault holds one of them a
+    /// quarter of the time.
     pub fault_locks: Option<usize>,
     /// Per-CPU lists of 4 KiB frames in front of the buddy allocator (seed
     /// 004). `false` is the pre-seed baseline: every allocation and free takes
@@ -96,16 +99,10 @@ impl Default for Experiment {
 }
 
 impl Experiment {
-    /// The fault lock table's size for `workers` workers.
-    pub fn lock_table(&self, workers: usize) -> usize {
-        self.fault_locks
-            .unwrap_or_else(|| (2 * workers).next_power_of_two().max(64))
-    }
-
-    /// Checks every field's range; `workers` is the config's.
-    pub(crate) fn validate(&self, workers: usize) -> Result<(), super::ConfigError> {
+    /// Checks every field's range; `workers` and `locks` (the lock
+    /// table's size, [`super::Config::lock_table`]) are the config's.
+    pub(crate) fn validate(&self, workers: usize, locks: usize) -> Result<(), super::ConfigError> {
         use super::ConfigError::OutOfRange;
-        let locks = self.lock_table(workers);
         if !locks.is_power_of_two() || locks > 1 << 20 {
             return Err(OutOfRange {
                 field: "fault_locks",

@@ -5,6 +5,7 @@
 //! Invariants of a validated config: `budget % 2 MiB == 0`,
 //! `2 MiB <= budget <= physical memory` and within what the process may
 //! still take (cgroup limit, available memory), `1 <= workers <= 1024`,
+//! `1 <= spare_servers <= 1024`,
 //! reclaim watermarks `low <= high <= 100`, the lock table a power of two.
 //! Plain data, no locks.
 
@@ -70,6 +71,14 @@ pub struct Config {
     /// Fault-service worker threads. Default [`Config::default_workers`]
     /// of `cpus`: one per CPU up to 4.
     pub workers: usize,
+    /// Spare servers: threads called to serve waiting faults while every
+    /// worker is inside a store-backed fault (a store read, a write-back).
+    /// Parked apart from the userfaultfd, they cost an idle fault nothing,
+    /// and let `workers + spare_servers` store reads be in flight at once
+    /// (a disk's queue, a network store's round trips). The first also
+    /// serves a store's own fault on another region (`nesting.rs`).
+    /// Default [`Config::default_spare_servers`] of `cpus`; at least 1.
+    pub spare_servers: usize,
     /// The number of CPUs faultline sizes its per-CPU structures for: one
     /// per-CPU frame list each (and their share of the pool, see
     /// [`crate::Experiment::pcp_high`]), and the default worker count.
@@ -206,6 +215,7 @@ impl Default for Config {
             budget: 256 << 20,
             budget_max: None,
             workers: Config::default_workers(cpus),
+            spare_servers: Config::default_spare_servers(cpus),
             cpus,
             pin_workers: true,
             fault_around: 16,
@@ -237,10 +247,26 @@ impl Config {
     /// the one userfaultfd, and the kernel wakes every waiter for each
     /// fault: on a 16-CPU guest a 4 KiB first touch took 56–62 µs with 16
     /// workers and 28–34 µs with 2 or 4 (docs/measurements.md, "Workers on
-    /// many CPUs"). More workers serve more store reads at once: set
-    /// [`Config::workers`] for many threads faulting over a slow store.
+    /// many CPUs"). Store reads in flight beyond the workers are the
+    /// spares' ([`Config::spare_servers`]).
     pub fn default_workers(cpus: usize) -> usize {
         cpus.clamp(1, Self::DEFAULT_WORKERS_MAX)
+    }
+
+    /// The default spare-server count for `cpus` CPUs: four per CPU,
+    /// between 8 and 64. Store reads in flight are what a slow store's
+    /// throughput follows (the kernel lets every faulting thread wait in
+    /// its own read): 16 program threads on 16 CPUs get 68 servers, not
+    /// the 5 of before (docs/design.md, "Spare servers"). A spare that is
+    /// never called is a parked thread.
+    pub fn default_spare_servers(cpus: usize) -> usize {
+        (4 * cpus).clamp(8, 64)
+    }
+
+    /// Every thread that serves faults from the userfaultfd: workers and
+    /// spares.
+    pub fn servers(&self) -> usize {
+        self.workers + self.spare_servers
     }
 
     /// One pool per online NUMA node, `bytes` each: pool 0 (the budget) on
@@ -337,7 +363,23 @@ impl Config {
         self.validate_budget()?;
         self.validate_ranges()?;
         self.validate_nodes()?;
-        self.experiment.validate(self.workers)
+        self.experiment.validate(self.workers, self.lock_table())
+    }
+
+    /// The fault lock table's size: [`Experiment::fault_locks`] if set,
+    /// else the next power of two of the largest of 64, 16 per CPU and 4
+    /// per server (docs/design.md, "Spare servers"). Seed 003 sizes the kernel's
+    /// table by CPUs: the locks are hashed, so two faults on distinct
+    /// pages collide with a chance of about holders / locks, and a holder
+    /// may wait in a store read (tens of µs to ms); sized by CPUs and
+    /// servers, 16 threads faulting at once on 16 CPUs meet a held lock
+    /// on about 6% of faults, not the 23% of a 64-lock table.
+    pub fn lock_table(&self) -> usize {
+        self.experiment.fault_locks.unwrap_or_else(|| {
+            64.max(16 * self.cpus)
+                .max(4 * self.servers())
+                .next_power_of_two()
+        })
     }
 
     /// The budget and the extra pools: whole 2 MiB frames, within physical
@@ -402,6 +444,12 @@ impl Config {
         let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
         let checks = [
             ("workers", self.workers, self.workers <= 1024, "1..=1024"),
+            (
+                "spare_servers",
+                self.spare_servers,
+                (1..=1024).contains(&self.spare_servers),
+                "1..=1024",
+            ),
             (
                 "fault_around",
                 self.fault_around,
@@ -476,6 +524,35 @@ mod tests {
         assert!(matches!(
             c(1 << 50).validate(),
             Err(ConfigError::BudgetTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn servers_and_locks_follow_the_cpus() {
+        let on = |cpus: usize| Config {
+            cpus,
+            workers: Config::default_workers(cpus),
+            spare_servers: Config::default_spare_servers(cpus),
+            ..Config::default()
+        };
+        assert_eq!(on(1).servers(), 1 + 8);
+        assert_eq!(on(2).servers(), 2 + 8);
+        assert_eq!(on(16).servers(), 4 + 64);
+        assert_eq!(on(200).servers(), 4 + 64);
+        assert_eq!(on(2).lock_table(), 64);
+        assert_eq!(on(16).lock_table(), 512, "16 x 16 CPUs < 4 x 68 servers");
+        assert_eq!(on(64).lock_table(), 1024);
+        assert_eq!(on(200).lock_table(), 4096);
+        let mut c = on(16);
+        c.experiment.fault_locks = Some(8);
+        assert_eq!(c.lock_table(), 8, "an explicit size wins");
+        c.spare_servers = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::OutOfRange {
+                field: "spare_servers",
+                ..
+            })
         ));
     }
 

@@ -20,9 +20,10 @@
 //! worker (no event to read) helps with an offered migration copy, one piece
 //! at a time, checking for faults between pieces. Workers never touch region
 //! memory, so they never fault themselves; a store that does (reads another
-//! region) is served by the others, and if every worker is inside a store
-//! call the standby worker serves faults until one returns
-//! ([`service::run_standby`]).
+//! region) is served by the others, and while every worker is inside a
+//! store-backed fault the spare servers serve faults, in rank order
+//! ([`service::run_spare`]): the same rule keeps a slow store's reads in
+//! flight many at once.
 //!
 //! With [`crate::FaultMode::InThread`] the faulting thread serves its own
 //! fault in faultline's SIGBUS handler ([`inthread`]), through the same

@@ -1,8 +1,9 @@
 //! The worker loop: read userfaultfd events, hand the rest of a batch to
 //! the deferred queue before anything that may block, and handle each event
 //! (a page fault: look up the region, take the page's lock, resolve; an
-//! unmap: [`super::unmap`]). Also the standby worker, which serves faults
-//! only while every worker is inside a store call.
+//! unmap: [`super::unmap`]). Also the spare servers, which serve faults
+//! only while every worker (and every spare ranked before them) is inside
+//! a store-backed fault (`nesting.rs`).
 //!
 //! Workers block in `epoll_wait` on the userfaultfd, the deferred queue's
 //! eventfd and the shutdown eventfd. An event wakes every idle worker (unless
@@ -229,10 +230,8 @@ pub(crate) fn handle(
     };
     let res = {
         // A store call may block (or fault on another region): while every
-        // worker is in one, the standby serves faults. (Not the standby
-        // itself: it serves until a worker finishes.)
-        let _busy = (worker < core.config.workers && !region.store.is_zero())
-            .then(|| core.nesting.enter_busy());
+        // worker is in one, spares serve the events that wait.
+        let _busy = (!region.store.is_zero()).then(|| enter_busy(core));
         let guard = if lent {
             None
         } else {
@@ -297,46 +296,62 @@ fn requeue(core: &Core, ev: Queued) -> Resolution {
     Resolution::Retry
 }
 
-/// How long every worker must stay inside store calls, none finishing,
-/// before the standby serves.
-const STUCK: Duration = Duration::from_millis(5);
+/// How long a spare on duty with nothing to serve waits for an event
+/// before it looks at its duty again, in milliseconds.
+const SPARE_WAIT_MS: i32 = 2;
 
-/// The standby worker: sleeps until every worker is inside a store call
-/// and none finishes one for [`STUCK`], then serves events until one does
-/// (`nesting.rs`). With one
-/// worker and a store whose read touches another faultline region, the
-/// worker's own fault would otherwise wait for the worker: a deadlock. One
-/// level of such nesting is served; a store called by the standby that
-/// faults again waits like any fault. `worker` is its stats index (the
-/// workers' count).
-pub(crate) fn run_standby(core: Arc<Core>, worker: usize, waiter: Waiter) {
+/// Whether events wait for a server: read what is pending on the
+/// userfaultfd into the deferred queue, then look there.
+fn events_wait(core: &Core) -> bool {
+    core.pump_events();
+    !core.deferred.lock().is_empty()
+}
+
+/// Marks this server busy with a store-backed fault; then, if every
+/// worker is busy and events wait, calls the next spare (`nesting.rs`).
+fn enter_busy(core: &Core) -> crate::nesting::Busy<'_> {
+    let busy = core.nesting.enter_busy();
+    if let Some(rank) = core.nesting.next_spare() {
+        if events_wait(core) {
+            core.nesting.call_spare(rank);
+        }
+    }
+    busy
+}
+
+/// Spare server `rank`: parked until it is on duty (every worker and
+/// every spare ranked before it inside a store-backed fault) and events
+/// wait, then serves events until it is not on duty (`nesting.rs`).
+/// Spare 0 is also what serves the fault a store makes on another region
+/// while every worker waits in such a store call: with one worker the
+/// worker's own nested fault would otherwise wait for the worker, a
+/// deadlock. `index` is its stats index.
+pub(crate) fn run_spare(core: Arc<Core>, index: usize, rank: usize, waiter: Waiter) {
     core.worker_tids.lock().push(host::thread_id());
+    core.nesting.register_spare(rank);
     let mut intake = Intake::new(&core);
     loop {
-        core.nesting.await_all_busy(|| core.is_stopping());
-        if core.is_stopping() {
-            return;
+        while !(core.nesting.on_duty(rank) && events_wait(&core)) {
+            if core.is_stopping() {
+                return;
+            }
+            core.nesting.nap(rank);
         }
-        if !core.nesting.all_stuck(STUCK) {
-            continue;
-        }
-        // Serve until a worker finishes its store call (it was stuck on a
-        // fault this loop serves, or its store came back).
-        let seen = core.nesting.busy_exits();
-        while core.nesting.still_stuck(seen) && !core.is_stopping() {
-            match intake.turn(&core, worker) {
+        while core.nesting.on_duty(rank) && !core.is_stopping() {
+            match intake.turn(&core, index) {
                 Turn::Handled(n) => {
                     core.stats
-                        .standby_serves
+                        .spare_serves
                         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 Turn::Failed => {}
-                Turn::Idle => {
-                    // Short waits: the workers may return at any moment.
-                    if let Ok(Ready::Other(1)) = waiter.wait(10) {
+                Turn::Idle => match waiter.wait(SPARE_WAIT_MS) {
+                    Ok(Ready::Other(0)) => return,
+                    Ok(Ready::Other(_)) => {
                         core.deferred_fd.drain();
                     }
-                }
+                    _ => {}
+                },
             }
         }
     }

@@ -200,7 +200,7 @@ const CONFIRM_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Whether no frame can come: no region may be reclaimed at all, or none
 /// holds a frame reclaim could take while no other store-backed fault is in
 /// flight (one may be about to record a page reclaim can then take; the
-/// standby's count too). An
+/// spares' count too). An
 /// unservable fault is then refused at once (SIGBUS, cause queued), not
 /// after the wait.
 ///

@@ -145,7 +145,7 @@ pub trait Store: Send + Sync + Debug {
 
     /// Fills `buf` (exactly one page) with page `page`. Called by a fault
     /// worker holding the page's fault lock; it may block (the other
-    /// workers, and the standby, go on serving).
+    /// workers, and the spare servers, go on serving).
     ///
     /// # Errors
     /// Any [`StoreError`]: the page is poisoned (its faulting thread gets

@@ -32,6 +32,15 @@ pub fn config(budget: usize) -> Config {
     c
 }
 
+/// The error a test's read-only store gives a write of `page`.
+pub fn read_only_write(page: u64) -> Result<(), faultline::StoreError> {
+    Err(faultline::StoreError::Io {
+        op: "write",
+        page,
+        source: std::io::Error::other("read-only"),
+    })
+}
+
 /// Reads the byte at `offset` of `r` (safe: through `read_at`).
 pub fn byte<A: faultline::Access>(r: &faultline::Region<A>, offset: usize) -> u8 {
     let mut b = [0u8];

@@ -21,6 +21,7 @@ mod raw;
 mod swap;
 
 use super::cgroup;
+use super::out_of_core::{run_args, server_args};
 use super::{progress, BenchOpts};
 use crate::report::Report;
 use anyhow::Context;
@@ -60,6 +61,8 @@ struct Setup {
     ops: usize,
     secs: f64,
     file: PathBuf,
+    /// faultline's servers and CPUs as the command line set them.
+    servers: Vec<String>,
 }
 
 impl Setup {
@@ -86,35 +89,31 @@ impl Setup {
             ops,
             secs,
             file,
+            servers: server_args(&o.common),
         })
     }
 
     /// One row's child: its JSON line.
     fn child(&self, system: &str, url: &str, pattern: &str) -> anyhow::Result<serde_json::Value> {
         let file = self.file.display().to_string();
-        cgroup::run_child(
-            self.limit,
-            &[
-                "--system",
-                system,
-                "--file",
-                &file,
-                "--url",
-                url,
-                "--pattern",
-                pattern,
-                "--len",
-                &self.len.to_string(),
-                "--budget",
-                &self.budget.to_string(),
-                "--threads",
-                &THREADS.to_string(),
-                "--ops",
-                &self.ops.to_string(),
-                "--secs",
-                &self.secs.to_string(),
-            ],
-        )
+        let (len, run) = (
+            self.len.to_string(),
+            run_args(self.budget, THREADS, self.ops, self.secs, &self.servers),
+        );
+        let mut args = vec![
+            "--system",
+            system,
+            "--file",
+            &file,
+            "--url",
+            url,
+            "--pattern",
+            pattern,
+            "--len",
+            &len,
+        ];
+        args.extend(run.iter().map(String::as_str));
+        cgroup::run_child(self.limit, &args)
     }
 }
 

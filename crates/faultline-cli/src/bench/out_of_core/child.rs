@@ -5,7 +5,11 @@
 //! swaps (`anon`), or a faultline region over Redis (`redis`,
 //! `redis-cluster`: `--url`) — fills it first where it starts empty
 //! (untimed), runs the pattern, and prints one JSON line: ops/s, its peak
-//! RSS (`VmHWM`), and for faultline its fault service time.
+//! RSS (`VmHWM`), and for faultline its fault service time, its fault
+//! locks' waits and the events its spare servers served. faultline's
+//! manager takes the parent's `--workers`, `--spare-servers`, `--cpus` and
+//! `--fault-locks`
+//! ([`server_args`]).
 
 use crate::bench::rng;
 use anyhow::bail;
@@ -53,6 +57,70 @@ pub struct ChildArgs {
     /// Redis URL (`redis`) or comma-separated node URLs (`redis-cluster`).
     #[arg(long, default_value = "")]
     pub url: String,
+    /// faultline's fault workers (default: `Config`'s).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// faultline's spare servers (default: `Config`'s).
+    #[arg(long)]
+    pub spare_servers: Option<usize>,
+    /// The CPUs faultline's manager is sized for (default: the machine's).
+    #[arg(long)]
+    pub cpus: Option<usize>,
+    /// faultline's fault-lock table size (default: `Config::lock_table`).
+    #[arg(long)]
+    pub fault_locks: Option<usize>,
+}
+
+/// The child's `--workers`, `--spare-servers`, `--cpus` and
+/// `--fault-locks` for what the parent's command line set of them.
+pub(crate) fn server_args(common: &crate::bench::BenchOpts) -> Vec<String> {
+    [
+        ("--workers", common.workers),
+        ("--spare-servers", common.spare_servers),
+        ("--cpus", common.cpus),
+        ("--fault-locks", common.fault_locks),
+    ]
+    .into_iter()
+    .filter_map(|(flag, v)| v.map(|n| [flag.to_string(), n.to_string()]))
+    .flatten()
+    .collect()
+}
+
+/// The arguments a parent gives every child of its run besides the row's
+/// own: faultline's budget, the threads, the caps on ops and seconds, and
+/// `servers` ([`server_args`]).
+pub(crate) fn run_args(
+    budget: usize,
+    threads: usize,
+    ops: usize,
+    secs: f64,
+    servers: &[String],
+) -> Vec<String> {
+    let mut args = vec![
+        "--budget".to_string(),
+        budget.to_string(),
+        "--threads".into(),
+        threads.to_string(),
+        "--ops".into(),
+        ops.to_string(),
+        "--secs".into(),
+        secs.to_string(),
+    ];
+    args.extend(servers.iter().cloned());
+    args
+}
+
+/// What a faultline row measured besides its ops/s.
+#[derive(Debug, Default)]
+struct Served {
+    p50_us: f64,
+    p99_us: f64,
+    /// Fault-lock acquisitions that found the lock held, in percent.
+    lock_contended_pct: f64,
+    /// Time spent waiting for fault locks, all threads, in ms.
+    lock_wait_ms: f64,
+    /// Events served by spare servers.
+    spare_serves: u64,
 }
 
 fn vm_hwm_mib() -> f64 {
@@ -144,8 +212,9 @@ fn fill(base: usize, len: usize) {
 }
 
 /// A faultline manager with the budget, 4 KiB pages only, faults served
-/// as `mode` says.
-fn manager(budget: usize, mode: &str) -> anyhow::Result<Manager> {
+/// as `a.mode` says, with `a`'s servers and CPUs.
+fn manager(a: &ChildArgs) -> anyhow::Result<Manager> {
+    let (budget, mode) = (a.budget, a.mode.as_str());
     // 4 KiB pages only: the whole budget as a small-page zone (no THP
     // splits on the way; docs/design.md measures both).
     let mut config = Config::default();
@@ -156,6 +225,18 @@ fn manager(budget: usize, mode: &str) -> anyhow::Result<Manager> {
         "in-thread" => FaultMode::InThread,
         other => bail!("--mode {other}: workers or in-thread"),
     };
+    if let Some(n) = a.cpus {
+        config.cpus = n;
+        config.workers = Config::default_workers(n);
+        config.spare_servers = Config::default_spare_servers(n);
+    }
+    if let Some(n) = a.workers {
+        config.workers = n;
+    }
+    if let Some(n) = a.spare_servers {
+        config.spare_servers = n;
+    }
+    config.experiment.fault_locks = a.fault_locks;
     Ok(ManagerBuilder::from_config(config).build()?)
 }
 
@@ -172,15 +253,15 @@ enum Set {
     FillAndDrop,
 }
 
-/// Runs the pattern on a faultline region over `store`: ops/s, and the
-/// fault service time's median and p99 (µs).
+/// Runs the pattern on a faultline region over `store`: ops/s, and what
+/// its faults cost.
 fn faultline_side(
     a: &ChildArgs,
     len: usize,
     store: impl Store + 'static,
     set: Set,
-) -> anyhow::Result<(f64, f64, f64)> {
-    let mm = manager(a.budget, &a.mode)?;
+) -> anyhow::Result<(f64, Served)> {
+    let mm = manager(a)?;
     let r = mm.map(len, store, MapOptions::new())?;
     if set != Set::AsIs {
         fill(r.addr(), len);
@@ -197,7 +278,17 @@ fn faultline_side(
         r.discard(0..len, faultline::Discard::Zero)?;
     }
     let us = |ns: u64| ns as f64 / 1000.0;
-    Ok((ops, us(st.service.p50_ns), us(st.service.p99_ns)))
+    let locks = st.locks;
+    Ok((
+        ops,
+        Served {
+            p50_us: us(st.service.p50_ns),
+            p99_us: us(st.service.p99_ns),
+            lock_contended_pct: 100.0 * locks.contentions as f64 / locks.acquisitions.max(1) as f64,
+            lock_wait_ms: locks.wait_ns as f64 / 1e6,
+            spare_serves: st.spare_serves,
+        },
+    ))
 }
 
 /// The child: waits for "go" on stdin, runs, prints JSON.
@@ -206,16 +297,15 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
     let redis_opts = || RedisOptions::new(format!("bench{}", std::process::id()));
-    let (ops_per_s, p50, p99) = match a.system.as_str() {
-        "kernel" => (kernel_file(a, file_len()?)?, 0.0, 0.0),
+    let (ops_per_s, served) = match a.system.as_str() {
+        "kernel" => (kernel_file(a, file_len()?)?, Served::default()),
         "anon" => {
             // Anonymous memory: past the cgroup's limit the kernel swaps.
             let m = faultline_sys::mem::Mapping::anonymous(a.len, 4096)?;
             fill(m.addr(), a.len);
             (
                 drive(m.addr(), a.len, &a.pattern, a.threads, a.ops, a.secs),
-                0.0,
-                0.0,
+                Served::default(),
             )
         }
         "redis" => faultline_side(
@@ -262,7 +352,9 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
     println!(
         "{}",
         json!({"ops_per_s": ops_per_s, "max_rss_mib": vm_hwm_mib(),
-            "fault_p50_us": p50, "fault_p99_us": p99})
+            "fault_p50_us": served.p50_us, "fault_p99_us": served.p99_us,
+            "lock_contended_pct": served.lock_contended_pct,
+            "lock_wait_ms": served.lock_wait_ms, "spare_serves": served.spare_serves})
     );
     Ok(())
 }

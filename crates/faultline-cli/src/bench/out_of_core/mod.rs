@@ -24,6 +24,7 @@ mod child;
 mod device;
 
 pub use child::{child, ChildArgs};
+pub(crate) use child::{run_args, server_args};
 
 use super::cgroup::{self, drop_caches};
 use super::{progress, BenchOpts};
@@ -129,6 +130,9 @@ struct Setup {
     ops: usize,
     secs: f64,
     threads: usize,
+    /// faultline's servers and CPUs, as the command line set them
+    /// (`child::server_args`).
+    servers: Vec<String>,
 }
 
 impl Setup {
@@ -150,41 +154,36 @@ impl Setup {
             ops,
             secs,
             threads: o.threads.max(1),
+            servers: server_args(&o.common),
         })
     }
 
-    /// Runs one side in a child inside a fresh cgroup: (ops/s, peak RSS MiB).
-    fn run_child(&self, m: &Side, pattern: &str) -> anyhow::Result<(f64, f64)> {
+    /// Runs one side in a child inside a fresh cgroup: its JSON line.
+    fn run_child(&self, m: &Side, pattern: &str) -> anyhow::Result<serde_json::Value> {
         let file = self.file.display().to_string();
-        let v = cgroup::run_child(
-            self.limit,
-            &[
-                "--system",
-                m.system,
-                "--hint",
-                m.hint,
-                "--io",
-                m.io,
-                "--mode",
-                m.mode,
-                "--file",
-                &file,
-                "--pattern",
-                pattern,
-                "--budget",
-                &self.budget.to_string(),
-                "--threads",
-                &self.threads.to_string(),
-                "--ops",
-                &self.ops.to_string(),
-                "--secs",
-                &self.secs.to_string(),
-            ],
-        )?;
-        Ok((
-            v["ops_per_s"].as_f64().unwrap_or(0.0),
-            v["max_rss_mib"].as_f64().unwrap_or(0.0),
-        ))
+        let run = run_args(
+            self.budget,
+            self.threads,
+            self.ops,
+            self.secs,
+            &self.servers,
+        );
+        let mut args = vec![
+            "--system",
+            m.system,
+            "--hint",
+            m.hint,
+            "--io",
+            m.io,
+            "--mode",
+            m.mode,
+            "--file",
+            &file,
+            "--pattern",
+            pattern,
+        ];
+        args.extend(run.iter().map(String::as_str));
+        cgroup::run_child(self.limit, &args)
     }
 }
 
@@ -197,11 +196,13 @@ struct Side {
     mode: &'static str,
 }
 
-/// One row: which side, and what it measured.
+/// One row: which side, and what it measured (`child`'s JSON line; empty
+/// for a child that failed).
 struct Measured {
     side: Side,
     ops: f64,
     rss: f64,
+    child: serde_json::Value,
 }
 
 /// Adds a mmap row; ratios against the unhinted and the best kernel row.
@@ -213,11 +214,21 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         io,
         mode,
     } = m.side;
+    let c = &m.child;
     report.rows.push(
         json!({"system": system, "hint": hint, "io": io, "mode": mode, "pattern": pattern,
         "threads": s.threads, "ops_per_s": m.ops, "max_rss_mib": m.rss,
-        "vs_kernel": vs, "vs_kernel_best": vs_best}),
+        "vs_kernel": vs, "vs_kernel_best": vs_best,
+        "fault_p50_us": c["fault_p50_us"], "fault_p99_us": c["fault_p99_us"],
+        "lock_contended_pct": c["lock_contended_pct"], "lock_wait_ms": c["lock_wait_ms"],
+        "spare_serves": c["spare_serves"]}),
     );
+    // Fault-lock acquisitions that found the lock held, and the time all
+    // waited (faultline rows).
+    let locks = match (c["lock_contended_pct"].as_f64(), c["lock_wait_ms"].as_f64()) {
+        (Some(pct), Some(ms)) if system == "faultline" => format!("{pct:.1}% {ms:.0} ms"),
+        _ => "-".into(),
+    };
     report.table.push(vec![
         system.into(),
         hint.into(),
@@ -230,6 +241,7 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         format!("{:.0}", m.rss),
         format!("{vs:.2}x"),
         format!("{vs_best:.2}x"),
+        locks,
     ]);
 }
 
@@ -257,6 +269,7 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
         "-".into(),
         "-".into(),
         "-".into(),
+        "-".into(),
     ]);
 }
 
@@ -277,7 +290,7 @@ fn run_pattern(
     };
     let mut rows = Vec::new();
     for side in sides(hint) {
-        let (ops, rss) = match s.run_child(&side, pattern) {
+        let child = match s.run_child(&side, pattern) {
             Ok(v) => v,
             // A faultline side that dies (its cgroup's OOM killer, when
             // its memory outgrows the limit) is a finding: a row of 0 and
@@ -287,12 +300,17 @@ fn run_pattern(
                     "faultline io {} mode {} {pattern}: the child failed, ops_per_s 0: {e:#}",
                     side.io, side.mode
                 ));
-                (0.0, 0.0)
+                serde_json::Value::Null
             }
             Err(e) => return Err(e),
         };
         bar.inc(1);
-        rows.push(Measured { side, ops, rss });
+        rows.push(Measured {
+            side,
+            ops: child["ops_per_s"].as_f64().unwrap_or(0.0),
+            rss: child["max_rss_mib"].as_f64().unwrap_or(0.0),
+            child,
+        });
     }
     let k_none = rows[0].ops;
     let k_best = rows[0].ops.max(rows[1].ops);
@@ -348,9 +366,11 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
             "max_rss_mib",
             "vs_kernel",
             "vs_kernel_best",
+            "lock_waits",
         ],
     );
     report.config = json!({"file_bytes": s.len, "memory_limit_bytes": s.limit,
+        "faultline_servers": s.servers.join(" "),
         "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
         "ops_per_thread": s.ops, "threads": s.threads, "time_cap_s": s.secs});
     let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
@@ -392,7 +412,8 @@ fn notes(s: &Setup, report: &mut Report) {
          the default) or in the faulting thread (mode in-thread). \
          kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
          gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
-         kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern."
+         kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern. lock_waits: faultline's \
+         fault-lock acquisitions that found the lock held, and the time all waited for them."
             .into(),
     );
     if !report.rows.iter().any(|r| r["system"] == "device") {

@@ -1,6 +1,6 @@
 //! A store whose `read` touches another faultline region of the same
 //! manager: the worker serving the outer fault faults itself. With one
-//! worker this deadlocked (issue 14, row 7); the standby worker now serves
+//! worker this deadlocked (issue 14, row 7); the first spare server serves
 //! the nested fault, under the worker's own fault lock when the two pages
 //! share one (forced here with the single global lock). Each run is bounded:
 //! a hang fails the test with a message instead of hanging the suite.
@@ -36,11 +36,7 @@ impl Store for ViaRegion {
     }
 
     fn write(&self, page: u64, _buf: &[u8]) -> Result<(), StoreError> {
-        Err(StoreError::Io {
-            op: "write",
-            page,
-            source: std::io::Error::other("read-only"),
-        })
+        common::read_only_write(page)
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -128,34 +124,31 @@ fn nested_via(workers: usize, locks: LockMode, name: &str, via: Via) {
     drop(b);
     let s = mm.stats();
     if workers == 1 && via == Via::Faults {
-        assert!(
-            s.standby_serves > 0,
-            "{name}: the standby served nothing: {s}"
-        );
+        assert!(s.spare_serves > 0, "{name}: no spare server served: {s}");
     }
 }
 
 #[test]
-fn one_worker_store_reading_a_region_is_served_by_the_standby() {
-    nested(1, LockMode::Hashed, "standby-1-hashed");
+fn one_worker_store_reading_a_region_is_served_by_a_spare() {
+    nested(1, LockMode::Hashed, "nested-1-hashed");
 }
 
 #[test]
 fn one_worker_and_one_lock_the_nested_fault_borrows_it() {
-    nested(1, LockMode::Global, "standby-1-global");
+    nested(1, LockMode::Global, "nested-1-global");
 }
 
 #[test]
 fn two_workers_and_one_lock_the_nested_fault_borrows_it() {
-    nested(2, LockMode::Global, "standby-2-global");
+    nested(2, LockMode::Global, "nested-2-global");
 }
 
 #[test]
 fn prefetch_whose_store_reads_a_region_lends_its_lock() {
-    nested_via(1, LockMode::Global, "standby-prefetch", Via::Prefetch);
+    nested_via(1, LockMode::Global, "nested-prefetch", Via::Prefetch);
 }
 
 #[test]
 fn other_faults_under_a_lent_lock_do_not_block_the_server() {
-    nested_via(1, LockMode::Global, "standby-beside", Via::BesideOthers);
+    nested_via(1, LockMode::Global, "nested-beside", Via::BesideOthers);
 }
