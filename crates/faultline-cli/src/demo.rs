@@ -302,7 +302,8 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<V
         println!(
             "out-of-core: dataset {} MiB ({}) through a {} MiB budget (set_budget: a quarter of the demo's), {} threads, \
              {:.1} s: {:.0} ops/s (4 KiB, 25% writes); in those seconds {} faults, {} evictions, {} write-backs \
-             ({} evicted pages were clean, not written); resident at the end {} MiB; every written page verified, then flushed",
+             ({} evicted pages were clean, not written); fault locks taken {} times, {} waited ({:.0} ms in all); {} faults \
+             served by spare servers; resident at the end {} MiB; every written page verified, then flushed",
             len >> 20,
             opts.store,
             budget >> 20,
@@ -313,6 +314,10 @@ fn out_of_core(mm: &Manager, budget: usize, opts: &DemoOpts) -> anyhow::Result<V
             after.evicted - before.evicted,
             after.written_back - before.written_back,
             after.clean_skipped - before.clean_skipped,
+            after.locks.acquisitions - before.locks.acquisitions,
+            after.locks.contentions - before.locks.contentions,
+            (after.locks.wait_ns - before.locks.wait_ns) as f64 / 1e6,
+            after.spare_serves - before.spare_serves,
             ((after.frames_total - after.frames_free) * 4096) >> 20,
         );
         Ok(timeline)

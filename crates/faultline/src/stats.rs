@@ -526,11 +526,12 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "locks       page locks taken {} times, {} had to wait ({:.1} ms in all); {} events handed to another worker before a slow store call",
+            "locks       page locks taken {} times, {} had to wait ({:.1} ms in all); {} events handed to another server before a slow store call, {} served by spare servers",
             self.locks.acquisitions,
             self.locks.contentions,
             self.locks.wait_ns as f64 / 1e6,
-            self.deferrals
+            self.deferrals,
+            self.spare_serves
         )?;
         writeln!(
             f,
