@@ -331,11 +331,14 @@ pub(crate) fn run_spare(core: Arc<Core>, index: usize, rank: usize, waiter: Wait
     core.nesting.register_spare(rank);
     let mut intake = Intake::new(&core);
     loop {
-        while !(core.nesting.on_duty(rank) && events_wait(&core)) {
-            if core.is_stopping() {
-                return;
-            }
+        // Checked first on every round: at shutdown workers may still be
+        // busy (a store call that does not return) with events pending.
+        if core.is_stopping() {
+            return;
+        }
+        if !(core.nesting.on_duty(rank) && events_wait(&core)) {
             core.nesting.nap(rank);
+            continue;
         }
         while core.nesting.on_duty(rank) && !core.is_stopping() {
             match intake.turn(&core, index) {
