@@ -173,6 +173,8 @@ impl Core {
     ) -> Core {
         Core {
             locks: FaultLocks::new(config.experiment.locks, config.lock_table()),
+            // One service-time histogram per worker and one more (in-thread
+            // faults); spares record into these by index, modulo.
             stats: Stats::new(config.workers + 1),
             pagemap,
             pid: faultline_sys::host::process_id(),

@@ -19,15 +19,18 @@
 //!    call — slow, or stuck on a fault of its own store — another server
 //!    takes the next event. The same rule lets many store reads be in
 //!    flight at once (issue 42). A spare sleeps apart from the
-//!    userfaultfd (parked, not in `epoll`), so it costs an idle fault
-//!    nothing: a server that becomes busy with `n` busy looks for events
-//!    waiting and, if there are any, calls spare `n - workers`
-//!    ([`Nesting::call_spare`]); spare 0 also looks every [`STUCK`] while
-//!    every worker is busy (a worker stuck on its store's own fault reads
-//!    no events). Calling a spare only for waiting work matters on few
-//!    CPUs: a spare that went on duty whenever both of 2 workers were busy
-//!    took 20% of 2 threads' random reads (docs/design.md, "Spare
-//!    servers").
+//!    userfaultfd (parked; it polls the descriptor only while it serves),
+//!    so it costs an idle fault nothing. A server that becomes busy with
+//!    every worker busy reads what is pending on the descriptor and, if
+//!    events wait, *calls* spare `busy - workers`
+//!    ([`Nesting::call_spare`]), which serves them. A spare on duty naps
+//!    [`STUCK`] at a time (the rise of `busy` to its duty wakes it from a
+//!    longer doze), and after a whole [`STUCK`] on duty with no
+//!    store-backed fault finishing it serves anyway: a worker stuck on
+//!    its store's own fault, whose event no busy server reads. Serving
+//!    only when called or stuck matters on few CPUs: a spare that served
+//!    whenever both of 2 workers were busy took 20% of 2 threads' random
+//!    reads (docs/design.md, "Spare servers").
 //!
 //! Invariant: a lender's entry lives exactly as long as its store call (a
 //! guard); `busy` counts the [`Busy`] guards alive. Locks: `lenders` is a
@@ -63,8 +66,10 @@ pub(crate) struct Nesting {
     serving: AtomicUsize,
     /// Store calls made under a fault lock that have ended, either way.
     calls_ended: AtomicU64,
-    /// Each spare's thread by rank, set when it starts (to unpark it).
-    spares: Box<[OnceLock<Thread>]>,
+    /// Store-backed faults finished so far (busy guards dropped).
+    busy_exits: AtomicU64,
+    /// Each spare by rank.
+    spares: Box<[Spare]>,
     /// How long a parked spare naps ([`SPARE_NAP`]; longer in a test).
     nap: Duration,
 }
@@ -90,7 +95,8 @@ impl Nesting {
             busy: AtomicUsize::new(0),
             serving: AtomicUsize::new(0),
             calls_ended: AtomicU64::new(0),
-            spares: (0..spares).map(|_| OnceLock::new()).collect(),
+            busy_exits: AtomicU64::new(0),
+            spares: (0..spares).map(|_| Spare::default()).collect(),
             nap: SPARE_NAP,
         }
     }
@@ -133,17 +139,25 @@ impl Nesting {
     }
 
     /// Marks a server busy (inside a store-backed fault, or waiting for a
-    /// page lock to serve one) until the guard drops.
+    /// page lock to serve one) until the guard drops. When that makes `n`
+    /// servers busy with `n >= workers`, wakes spare `n - workers` if it
+    /// dozes (a long nap, off duty), so that it naps [`STUCK`] at a time
+    /// from now on and can tell a stuck worker (the standby's old rule).
     pub(crate) fn enter_busy(&self) -> Busy<'_> {
-        // Relaxed: a count read as a hint (`on_duty`, `next_spare`); a
-        // spare's wake-up goes through `unpark`, which happens-before its
-        // `park` returns, and the spare reads the count again after that.
-        self.busy.fetch_add(1, Ordering::Relaxed);
+        // SeqCst, with the SeqCst store and load of `Spare::dozing` in
+        // `nap`: either this sees the spare dozing and unparks it, or the
+        // spare's look after it set `dozing` sees this count.
+        let n = self.busy.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(spare) = n.checked_sub(self.workers).and_then(|r| self.spares.get(r)) {
+            if spare.dozing.load(Ordering::SeqCst) {
+                spare.unpark();
+            }
+        }
         Busy { nesting: self }
     }
 
-    /// The rank of the spare whose duty begins now, if every worker is
-    /// busy: `busy - workers`.
+    /// The rank of the spare whose duty the busy count says has begun, if
+    /// every worker is busy: `busy - workers`.
     pub(crate) fn next_spare(&self) -> Option<usize> {
         self.busy
             .load(Ordering::Relaxed)
@@ -151,40 +165,69 @@ impl Nesting {
             .filter(|&rank| rank < self.spares.len())
     }
 
-    /// Unparks spare `rank` (it looks for work waiting, and serves it).
+    /// Calls spare `rank` to serve events that wait (found by the caller).
     pub(crate) fn call_spare(&self, rank: usize) {
-        if let Some(spare) = self.spares.get(rank).and_then(OnceLock::get) {
+        if let Some(spare) = self.spares.get(rank) {
+            // Relaxed: the unpark below happens-before the spare's `park`
+            // returns, so the spare sees the flag after it wakes; a flag
+            // seen without a wake (it was awake) is a call all the same.
+            spare.called.store(true, Ordering::Relaxed);
             spare.unpark();
         }
     }
 
+    /// Whether spare `rank` was called since it last looked (and clears it).
+    pub(crate) fn take_call(&self, rank: usize) -> bool {
+        self.spares
+            .get(rank)
+            // Relaxed: see `call_spare`.
+            .is_some_and(|s| s.called.swap(false, Ordering::Relaxed))
+    }
+
     /// Records the calling thread as spare `rank` (to be unparked).
     pub(crate) fn register_spare(&self, rank: usize) {
-        if let Some(slot) = self.spares.get(rank) {
-            let _ = slot.set(std::thread::current());
+        if let Some(spare) = self.spares.get(rank) {
+            let _ = spare.thread.set(std::thread::current());
         }
     }
 
     /// Whether spare `rank` is on duty: every worker and every spare
-    /// ranked before it busy (as far as the count tells: a busy spare
-    /// ranked after it counts too, which only puts one more server on
-    /// duty for a moment).
+    /// ranked before it busy (as far as the count tells: busy spares
+    /// ranked after it count too, and keep it on duty while a worker is
+    /// free — it then only looks, every [`STUCK`], for events nobody
+    /// reads).
     pub(crate) fn on_duty(&self, rank: usize) -> bool {
         self.busy.load(Ordering::Relaxed) >= self.workers + rank
     }
 
-    /// Parks spare `rank` (the calling thread) until it is called
-    /// ([`Nesting::call_spare`]) or a nap ends: [`STUCK`] for spare 0
-    /// while every worker is busy (a worker whose store faulted on a
-    /// region waits for a server, and nobody reads that fault's event
-    /// until one looks), [`SPARE_NAP`] otherwise.
-    pub(crate) fn nap(&self, rank: usize) {
-        let nap = if rank == 0 && self.on_duty(0) {
-            STUCK
-        } else {
-            self.nap
+    /// Parks spare `rank` (the calling thread) until it is unparked or a
+    /// nap ends: [`STUCK`] while it is on duty, [`SPARE_NAP`] (dozing)
+    /// otherwise. Returns whether it is stuck: on duty for the whole
+    /// [`STUCK`] with no store-backed fault finishing meanwhile — a worker
+    /// whose store faulted on a region waits for a server, and no busy
+    /// server reads that fault's event (the old standby's rule).
+    pub(crate) fn nap(&self, rank: usize) -> bool {
+        let Some(spare) = self.spares.get(rank) else {
+            return false;
         };
-        std::thread::park_timeout(nap);
+        if self.on_duty(rank) {
+            // Relaxed: a counter compared with itself.
+            let exits = self.busy_exits.load(Ordering::Relaxed);
+            std::thread::park_timeout(STUCK);
+            return self.on_duty(rank) && self.busy_exits.load(Ordering::Relaxed) == exits;
+        }
+        // SeqCst: see `enter_busy`.
+        spare.dozing.store(true, Ordering::SeqCst);
+        if !self.on_duty_seqcst(rank) {
+            std::thread::park_timeout(self.nap);
+        }
+        spare.dozing.store(false, Ordering::Relaxed);
+        false
+    }
+
+    /// [`Nesting::on_duty`] with a SeqCst load (see `enter_busy`).
+    fn on_duty_seqcst(&self, rank: usize) -> bool {
+        self.busy.load(Ordering::SeqCst) >= self.workers + rank
     }
 
     /// Counts a store-backed fault being served (by a server or the
@@ -219,8 +262,26 @@ impl Nesting {
     /// Unparks every spare, for shutdown (the caller has set the stop
     /// flag).
     pub(crate) fn wake_spares(&self) {
-        for spare in self.spares.iter().filter_map(OnceLock::get) {
-            spare.unpark();
+        self.spares.iter().for_each(Spare::unpark);
+    }
+}
+
+/// One spare server's parking place.
+#[derive(Debug, Default)]
+struct Spare {
+    /// Its thread, set when it starts.
+    thread: OnceLock<Thread>,
+    /// Called for events that wait ([`Nesting::call_spare`]).
+    called: std::sync::atomic::AtomicBool,
+    /// In a long nap, off duty: the next rise of `busy` to its duty wakes
+    /// it ([`Nesting::enter_busy`]).
+    dozing: std::sync::atomic::AtomicBool,
+}
+
+impl Spare {
+    fn unpark(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
         }
     }
 }
@@ -253,6 +314,7 @@ pub(crate) struct Busy<'a> {
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
+        self.nesting.busy_exits.fetch_add(1, Ordering::Relaxed);
         self.nesting.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -307,21 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn the_next_spare_is_the_count_past_the_workers() {
-        let n = Nesting::new(2, 2);
-        let a = n.enter_busy();
-        assert_eq!(n.next_spare(), None);
-        let b = n.enter_busy();
-        assert_eq!(n.next_spare(), Some(0));
-        let c = n.enter_busy();
-        assert_eq!(n.next_spare(), Some(1));
-        let d = n.enter_busy();
-        assert_eq!(n.next_spare(), None, "only 2 spares");
-        drop((a, b, c, d));
-    }
-
-    #[test]
-    fn a_called_spare_wakes_before_its_nap_ends() {
+    fn the_busy_count_unparks_the_spare_whose_duty_begins() {
         let n = std::sync::Arc::new(Nesting {
             nap: Duration::from_secs(30),
             ..Nesting::new(1, 2)
@@ -339,19 +387,17 @@ mod tests {
             })
         };
         // Let the spare park (its registration is all it needs).
-        while n.spares[1].get().is_none() {
+        while n.spares[1].thread.get().is_none() {
             std::thread::yield_now();
         }
         std::thread::sleep(Duration::from_millis(20));
         let _a = n.enter_busy();
         let _b = n.enter_busy();
-        assert_eq!(n.next_spare(), Some(1));
-        n.call_spare(1);
         let waited = spare.join().expect("spare thread");
         stop.store(true, Ordering::Relaxed);
         assert!(
             waited < Duration::from_secs(10),
-            "woken by the call, not by its 30 s nap: {waited:?}"
+            "woken by the second busy server, not by its 30 s nap: {waited:?}"
         );
     }
 }

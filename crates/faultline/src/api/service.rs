@@ -51,7 +51,7 @@ impl Service {
         let others: [RawFd; 2] = [shutdown.raw_fd(), core.deferred_fd.raw_fd()];
         let wake_one = core.config.experiment.exclusive_wake;
         let workers = core.config.workers;
-        let waiters = (0..core.config.servers())
+        let waiters = (0..workers)
             .map(|_| Waiter::new(&core.uffd, &others, wake_one))
             .collect::<Result<Vec<_>, _>>()?;
         let in_thread = match core.config.fault_mode {
@@ -65,17 +65,11 @@ impl Service {
             in_thread,
         };
         for (i, waiter) in waiters.into_iter().enumerate() {
-            let name = if i < workers {
-                format!("faultline-w{i}")
-            } else {
-                format!("faultline-s{}", i - workers)
-            };
-            service.spawn(name, move |c| {
-                if i < workers {
-                    run_worker(c, i, waiter)
-                } else {
-                    run_spare(c, i, i - workers, waiter)
-                }
+            service.spawn(format!("faultline-w{i}"), move |c| run_worker(c, i, waiter))?;
+        }
+        for rank in 0..service.core.config.spare_servers {
+            service.spawn(format!("faultline-s{rank}"), move |c| {
+                run_spare(c, workers + rank, rank)
             })?;
         }
         // The reclaimer also publishes the stats (so it runs for that alone

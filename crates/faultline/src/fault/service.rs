@@ -308,7 +308,8 @@ fn events_wait(core: &Core) -> bool {
 }
 
 /// Marks this server busy with a store-backed fault; then, if every
-/// worker is busy and events wait, calls the next spare (`nesting.rs`).
+/// worker is busy and events wait, calls the spare whose duty that begins
+/// (`nesting.rs`).
 fn enter_busy(core: &Core) -> crate::nesting::Busy<'_> {
     let busy = core.nesting.enter_busy();
     if let Some(rank) = core.nesting.next_spare() {
@@ -320,26 +321,32 @@ fn enter_busy(core: &Core) -> crate::nesting::Busy<'_> {
 }
 
 /// Spare server `rank`: parked until it is on duty (every worker and
-/// every spare ranked before it inside a store-backed fault) and events
-/// wait, then serves events until it is not on duty (`nesting.rs`).
-/// Spare 0 is also what serves the fault a store makes on another region
-/// while every worker waits in such a store call: with one worker the
-/// worker's own nested fault would otherwise wait for the worker, a
-/// deadlock. `index` is its stats index.
-pub(crate) fn run_spare(core: Arc<Core>, index: usize, rank: usize, waiter: Waiter) {
+/// every spare ranked before it inside a store-backed fault) and called
+/// for events that wait, or stuck — a whole `STUCK` nap on duty
+/// (`nesting.rs`) — then serves events until it is not on duty
+/// (`nesting.rs`). That last rule is what serves the fault a store makes
+/// on another region while every worker waits in such a store call: with
+/// one worker the worker's own nested fault would otherwise wait for the
+/// worker, a deadlock. It waits on the userfaultfd with `poll(2)` only
+/// while serving (an epoll set per spare would cost every fault a
+/// callback per spare). `index` is its stats index.
+pub(crate) fn run_spare(core: Arc<Core>, index: usize, rank: usize) {
     core.worker_tids.lock().push(host::thread_id());
     core.nesting.register_spare(rank);
     let mut intake = Intake::new(&core);
+    let mut stuck = false;
     loop {
         // Checked first on every round: at shutdown workers may still be
         // busy (a store call that does not return) with events pending.
         if core.is_stopping() {
             return;
         }
-        if !(core.nesting.on_duty(rank) && events_wait(&core)) {
-            core.nesting.nap(rank);
+        let called = core.nesting.take_call(rank);
+        if !(core.nesting.on_duty(rank) && (called || stuck)) {
+            stuck = core.nesting.nap(rank);
             continue;
         }
+        stuck = false;
         while core.nesting.on_duty(rank) && !core.is_stopping() {
             match intake.turn(&core, index) {
                 Turn::Handled(n) => {
@@ -348,12 +355,15 @@ pub(crate) fn run_spare(core: Arc<Core>, index: usize, rank: usize, waiter: Wait
                         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 Turn::Failed => {}
-                Turn::Idle => match waiter.wait(SPARE_WAIT_MS) {
-                    Ok(Ready::Other(0)) => return,
+                Turn::Idle => match core.uffd.wait(core.deferred_fd.raw_fd(), SPARE_WAIT_MS) {
                     Ok(Ready::Other(_)) => {
                         core.deferred_fd.drain();
                     }
-                    _ => {}
+                    Ok(_) => {}
+                    Err(e) => {
+                        core.record(FaultError::Events(e));
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
                 },
             }
         }
