@@ -14,10 +14,10 @@
 //!    ([`Nesting::is_lending`]): it puts the event back and serves others.
 //! 2. **Spare servers.** Workers and spares mark themselves busy around
 //!    store-backed faults ([`Nesting::enter_busy`]); spare `r` is on duty
-//!    while at least `workers + r` servers are busy ([`Nesting::on_duty`])
-//!    and events wait for a server, so while every worker waits in a store
-//!    call — slow, or stuck on a fault of its own store — another server
-//!    takes the next event. The same rule lets many store reads be in
+//!    while at least `workers + r` servers are busy ([`Nesting::on_duty`]),
+//!    and serves when events wait for a server, so while every worker waits
+//!    in a store call — slow, or stuck on a fault of its own store —
+//!    another server takes the next event. The same rule lets many store reads be in
 //!    flight at once (issue 42). A spare sleeps apart from the
 //!    userfaultfd (parked; it polls the descriptor only while it serves),
 //!    so it costs an idle fault nothing. A server that becomes busy with
@@ -79,9 +79,9 @@ pub(crate) struct Nesting {
 /// worker is busy calls the next spare).
 const SPARE_NAP: Duration = Duration::from_millis(100);
 
-/// How long spare 0 naps while every worker is busy: a worker whose store
-/// faulted on a region is stuck until some server reads that fault, and
-/// no busy server reads.
+/// How long a spare on duty naps at a time: a worker whose store faulted
+/// on a region is stuck until some server reads that fault, and no busy
+/// server reads.
 const STUCK: Duration = Duration::from_millis(5);
 
 impl Nesting {
@@ -144,9 +144,10 @@ impl Nesting {
     /// dozes (a long nap, off duty), so that it naps [`STUCK`] at a time
     /// from now on and can tell a stuck worker (the standby's old rule).
     pub(crate) fn enter_busy(&self) -> Busy<'_> {
-        // SeqCst, with the SeqCst store and load of `Spare::dozing` in
-        // `nap`: either this sees the spare dozing and unparks it, or the
-        // spare's look after it set `dozing` sees this count.
+        // SeqCst, with this SeqCst load of `Spare::dozing` and, in `nap`,
+        // the SeqCst store of `dozing` then SeqCst load of `busy`: either
+        // this sees the spare dozing and unparks it, or the spare's look
+        // after it set `dozing` sees this count.
         let n = self.busy.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(spare) = n.checked_sub(self.workers).and_then(|r| self.spares.get(r)) {
             if spare.dozing.load(Ordering::SeqCst) {
@@ -213,8 +214,13 @@ impl Nesting {
         if self.on_duty(rank) {
             // Relaxed: a counter compared with itself.
             let exits = self.busy_exits.load(Ordering::Relaxed);
+            // A nap cut short (a call, a leftover unpark token) is no
+            // evidence of a stuck worker: only a whole one counts.
+            let t = std::time::Instant::now();
             std::thread::park_timeout(STUCK);
-            return self.on_duty(rank) && self.busy_exits.load(Ordering::Relaxed) == exits;
+            return t.elapsed() >= STUCK
+                && self.on_duty(rank)
+                && self.busy_exits.load(Ordering::Relaxed) == exits;
         }
         // SeqCst: see `enter_busy`.
         spare.dozing.store(true, Ordering::SeqCst);

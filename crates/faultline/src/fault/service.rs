@@ -129,8 +129,19 @@ impl Intake {
     /// Handles one deferred event (they have waited longest) or, if there is
     /// none, a batch read from the userfaultfd without blocking.
     fn turn(&mut self, core: &Core, worker: usize) -> Turn {
-        let deferred = core.deferred.lock().pop_front();
+        let (deferred, more) = {
+            let mut q = core.deferred.lock();
+            (q.pop_front(), !q.is_empty())
+        };
         if let Some(ev) = deferred {
+            // The queue's one signal may have been drained by this server
+            // for several events: signal the rest for an idle server
+            // before this one may block in the event.
+            if more {
+                if let Err(e) = core.deferred_fd.signal() {
+                    core.record(FaultError::Events(e));
+                }
+            }
             handle(core, worker, ev, &mut self.events);
             return Turn::Handled(1);
         }
