@@ -16,8 +16,7 @@ use common::{ScratchDir, MIB};
 fn sized_for(cpus: usize, budget: usize, tier: usize) -> faultline::Manager {
     let mut c = Config::default();
     c.budget = budget;
-    c.cpus = cpus;
-    c.workers = Config::default_workers(cpus);
+    c.size_for_cpus(cpus);
     let c = if tier > 0 { c.with_tier(tier) } else { c };
     common::manager_with(c)
 }

@@ -104,12 +104,10 @@ fn fault_at_once(config: Config, threads: usize) -> (usize, Duration) {
 #[test]
 fn eight_threads_keep_eight_reads_in_flight_with_two_workers() {
     let mut c = common::config(16 << 20);
-    c.workers = 2;
-    c.cpus = 2;
-    c.spare_servers = Config::default_spare_servers(2);
-    // A lock each (the table so large that 8 windows never share one):
-    // this measures the servers alone. With the 64 locks of a 2-CPU
-    // default, these 8 windows share locks and 5 reads were in flight.
+    c.size_for_cpus(2); // 2 workers, 8 spares
+                        // A lock each (the table so large that 8 windows never share one):
+                        // this measures the servers alone. With the 64 locks of a 2-CPU
+                        // default, these 8 windows share locks and 5 reads were in flight.
     c.experiment.fault_locks = Some(1 << 16);
     let (most, took) = fault_at_once(c, 8);
     assert_eq!(

@@ -74,28 +74,44 @@ pub struct BenchOpts {
     pub no_removals: bool,
 }
 
+/// Shapes `c` as `--cpus`, `--workers`, `--spare-servers` and
+/// `--fault-locks` say (the benches' options, and their children's): the
+/// CPUs first, with the worker and spare counts they default to, then
+/// each count given. A lock table not given stays `None`, sized by CPUs
+/// and servers at build (`Config::lock_table`).
+pub(crate) fn shape(
+    c: &mut Config,
+    cpus: Option<usize>,
+    workers: Option<usize>,
+    spares: Option<usize>,
+    locks: Option<usize>,
+) {
+    if let Some(n) = cpus {
+        c.size_for_cpus(n);
+    }
+    if let Some(n) = workers {
+        c.workers = n;
+    }
+    if let Some(n) = spares {
+        c.spare_servers = n;
+    }
+    if locks.is_some() {
+        c.experiment.fault_locks = locks;
+    }
+}
+
 impl BenchOpts {
     /// The manager configuration these options ask for.
     pub fn config(&self) -> Config {
         let mut c = Config::default();
-        if let Some(n) = self.cpus {
-            c.cpus = n;
-            c.workers = Config::default_workers(n);
-            c.spare_servers = Config::default_spare_servers(n);
-        }
-        if let Some(s) = self.spare_servers {
-            c.spare_servers = s;
-        }
-        if let Some(n) = self.fault_locks {
-            c.experiment.fault_locks = Some(n);
-        }
+        shape(
+            &mut c,
+            self.cpus,
+            self.workers,
+            self.spare_servers,
+            self.fault_locks,
+        );
         c.experiment.exclusive_wake = self.exclusive_wake;
-        if let Some(w) = self.workers {
-            // The fault lock table follows: `experiment.fault_locks` stays
-            // `None`, so the build sizes it by CPUs and servers
-            // (`Config::lock_table`).
-            c.workers = w;
-        }
         c.pin_workers = !self.no_pin;
         c.publish_stats = !self.no_publish;
         c.program_removals = !self.no_removals;

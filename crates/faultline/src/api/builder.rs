@@ -81,9 +81,7 @@ impl ManagerBuilder {
     /// machine's count it builds the manager a larger machine would get:
     /// more per-CPU frame lists, each with a smaller share of the pool.
     pub fn cpus(mut self, cpus: usize) -> Self {
-        self.config.cpus = cpus;
-        self.config.workers = Config::default_workers(cpus);
-        self.config.spare_servers = Config::default_spare_servers(cpus);
+        self.config.size_for_cpus(cpus);
         self
     }
 

@@ -81,7 +81,9 @@ pub struct Config {
     pub spare_servers: usize,
     /// The number of CPUs faultline sizes its per-CPU structures for: one
     /// per-CPU frame list each (and their share of the pool, see
-    /// [`crate::Experiment::pcp_high`]), and the default worker count.
+    /// [`crate::Experiment::pcp_high`]), the fault-lock table
+    /// ([`Config::lock_table`]), and the default worker and spare counts
+    /// ([`Config::size_for_cpus`]).
     /// Default: the CPUs this process may run on. A test or a bench sets
     /// it above the machine's count to build a manager sized as it would
     /// be on a larger machine (`ManagerBuilder::cpus`).
@@ -263,6 +265,15 @@ impl Config {
         (4 * cpus).clamp(8, 64)
     }
 
+    /// Sizes this config for `cpus` CPUs: [`Config::cpus`], and the worker
+    /// and spare-server counts at their defaults for them (set either
+    /// after this to override it).
+    pub fn size_for_cpus(&mut self, cpus: usize) {
+        self.cpus = cpus;
+        self.workers = Config::default_workers(cpus);
+        self.spare_servers = Config::default_spare_servers(cpus);
+    }
+
     /// Every thread that serves faults from the userfaultfd: workers and
     /// spares.
     pub fn servers(&self) -> usize {
@@ -371,9 +382,10 @@ impl Config {
     /// per server (docs/design.md, "Spare servers"). Seed 003 sizes the kernel's
     /// table by CPUs: the locks are hashed, so two faults on distinct
     /// pages collide with a chance of about holders / locks, and a holder
-    /// may wait in a store read (tens of µs to ms); sized by CPUs and
-    /// servers, 16 threads faulting at once on 16 CPUs meet a held lock
-    /// on about 6% of faults, not the 23% of a 64-lock table.
+    /// may wait in a store read (tens of µs to ms). Measured with 16
+    /// threads and a manager sized for 16 CPUs (docs/measurements.md
+    /// §15): 1.3% of lock takes waited with this table's 512 locks,
+    /// 3.7–3.9% with 64.
     pub fn lock_table(&self) -> usize {
         self.experiment.fault_locks.unwrap_or_else(|| {
             64.max(16 * self.cpus)
@@ -529,11 +541,10 @@ mod tests {
 
     #[test]
     fn servers_and_locks_follow_the_cpus() {
-        let on = |cpus: usize| Config {
-            cpus,
-            workers: Config::default_workers(cpus),
-            spare_servers: Config::default_spare_servers(cpus),
-            ..Config::default()
+        let on = |cpus: usize| {
+            let mut c = Config::default();
+            c.size_for_cpus(cpus);
+            c
         };
         assert_eq!(on(1).servers(), 1 + 8);
         assert_eq!(on(2).servers(), 2 + 8);

@@ -8,8 +8,7 @@
 //! RSS (`VmHWM`), and for faultline its fault service time, its fault
 //! locks' waits and the events its spare servers served. faultline's
 //! manager takes the parent's `--workers`, `--spare-servers`, `--cpus` and
-//! `--fault-locks`
-//! ([`server_args`]).
+//! `--fault-locks` ([`server_args`]).
 
 use crate::bench::rng;
 use anyhow::bail;
@@ -225,18 +224,13 @@ fn manager(a: &ChildArgs) -> anyhow::Result<Manager> {
         "in-thread" => FaultMode::InThread,
         other => bail!("--mode {other}: workers or in-thread"),
     };
-    if let Some(n) = a.cpus {
-        config.cpus = n;
-        config.workers = Config::default_workers(n);
-        config.spare_servers = Config::default_spare_servers(n);
-    }
-    if let Some(n) = a.workers {
-        config.workers = n;
-    }
-    if let Some(n) = a.spare_servers {
-        config.spare_servers = n;
-    }
-    config.experiment.fault_locks = a.fault_locks;
+    crate::bench::shape(
+        &mut config,
+        a.cpus,
+        a.workers,
+        a.spare_servers,
+        a.fault_locks,
+    );
     Ok(ManagerBuilder::from_config(config).build()?)
 }
 
