@@ -63,6 +63,10 @@ pub(crate) struct Core {
     /// waits for a reader of the event — closing the userfaultfd first
     /// unregisters everything.
     pub(crate) uffd: Uffd,
+    /// The pool's context (no events; declared before `pool` too): moves
+    /// into pool slots and fills of their holes go through it
+    /// ([`Core::uffd_into`]).
+    pub(crate) pool_uffd: Uffd,
     pub(crate) pool: Pool,
     pub(crate) alloc: FramePools,
     /// Frames of pool 0 given back to the kernel (`budget.rs`).
@@ -165,7 +169,7 @@ impl Core {
     /// error return from hanging: see the `uffd` field).
     pub(crate) fn new(
         config: Config,
-        uffd: Uffd,
+        (uffd, pool_uffd): (Uffd, Uffd),
         pool: Pool,
         alloc: FramePools,
         pagemap: PageMap,
@@ -210,6 +214,7 @@ impl Core {
             budget_lock: Mutex::new(()),
             config,
             uffd,
+            pool_uffd,
             pool,
             balloon: {
                 // The parts not populated at build (room to grow) start
@@ -262,6 +267,17 @@ impl Core {
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
         true
+    }
+
+    /// The context an ioctl placing pages at `dst` is issued on: a move or
+    /// copy needs its destination registered with that context — pool
+    /// slots with `pool_uffd`, regions with `uffd`.
+    pub(crate) fn uffd_into(&self, dst: usize) -> &Uffd {
+        if self.pool.contains(dst) {
+            &self.pool_uffd
+        } else {
+            &self.uffd
+        }
     }
 
     /// Wakes the threads waiting on `[addr, addr + len)`; a failure (a bug:

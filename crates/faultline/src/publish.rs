@@ -114,6 +114,8 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("faults_4k", C, s.faults_4k),
         ("faults_2m", C, s.faults_2m),
         ("moves", C, s.moves),
+        ("copies", C, s.copies),
+        ("stale_dropped", C, s.stale_dropped),
         ("already_mapped", C, s.already_mapped),
         ("refaulted_dropped", C, s.refaulted_dropped),
         ("stray", C, s.stray),

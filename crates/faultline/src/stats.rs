@@ -23,6 +23,8 @@ pub struct Stats {
     pub(crate) faults_4k: AtomicU64,
     pub(crate) faults_2m: AtomicU64,
     pub(crate) moves: AtomicU64,
+    pub(crate) copies: AtomicU64,
+    pub(crate) stale_dropped: AtomicU64,
     pub(crate) already_mapped: AtomicU64,
     pub(crate) refaulted_dropped: AtomicU64,
     pub(crate) stray: AtomicU64,
@@ -80,6 +82,8 @@ impl Stats {
             faults_4k: AtomicU64::new(0),
             faults_2m: AtomicU64::new(0),
             moves: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
+            stale_dropped: AtomicU64::new(0),
             already_mapped: AtomicU64::new(0),
             refaulted_dropped: AtomicU64::new(0),
             stray: AtomicU64::new(0),
@@ -171,6 +175,8 @@ impl Stats {
             faults_4k: r(&self.faults_4k),
             faults_2m: r(&self.faults_2m),
             moves: r(&self.moves),
+            copies: r(&self.copies),
+            stale_dropped: r(&self.stale_dropped),
             already_mapped: r(&self.already_mapped),
             refaulted_dropped: r(&self.refaulted_dropped),
             stray: r(&self.stray),
@@ -343,8 +349,16 @@ pub struct StatsSnapshot {
     pub faults_4k: u64,
     /// Faults served on 2 MiB-page regions.
     pub faults_2m: u64,
-    /// `UFFDIO_MOVE`s that mapped a frame.
+    /// Faults served by putting their page (or run) in place: a
+    /// `UFFDIO_MOVE` of its frame, or a `UFFDIO_COPY` of its bytes
+    /// (`FillModel::Copy`, counted in `copies` too).
     pub moves: u64,
+    /// 4 KiB pages put into place by copy (`FillModel::Copy`): no TLB
+    /// flush.
+    pub copies: u64,
+    /// Pool slots holding dead copies that were dropped (in batches of 64,
+    /// one flush each: `frame/stale.rs`).
+    pub stale_dropped: u64,
     /// Faults that found their page already mapped (a racing thread's fault
     /// was served first): only a wake-up.
     pub already_mapped: u64,
@@ -535,8 +549,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "moves       {} pages moved into place, {} page tables dropped for a 2 MiB page; {} moves retried, {} misreported by the kernel (each checked and completed), {} pages the program dropped during a move",
-            self.moves, self.pt_discards, self.move_retries, self.move_misreported, self.move_dropped
+            "moves       {} faults served by a move or copy, {} pages copied into place ({} dead copies dropped), {} page tables dropped for a 2 MiB page; {} moves retried, {} misreported by the kernel (each checked and completed), {} pages the program dropped during a move",
+            self.moves, self.copies, self.stale_dropped, self.pt_discards, self.move_retries, self.move_misreported, self.move_dropped
         )?;
         writeln!(
             f,

@@ -72,6 +72,28 @@ pub struct BenchOpts {
     /// off: to measure its cost).
     #[arg(long)]
     pub no_removals: bool,
+    /// How filled 4 KiB pages go into place: `copy` (the default) or
+    /// `move` (`Config::fill_model`).
+    #[arg(long, value_enum)]
+    pub fill_model: Option<FillModelArg>,
+}
+
+/// `--fill-model`: [`faultline::FillModel`] on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FillModelArg {
+    /// `FillModel::Copy`.
+    Copy,
+    /// `FillModel::Move`.
+    Move,
+}
+
+impl From<FillModelArg> for faultline::FillModel {
+    fn from(a: FillModelArg) -> Self {
+        match a {
+            FillModelArg::Copy => faultline::FillModel::Copy,
+            FillModelArg::Move => faultline::FillModel::Move,
+        }
+    }
 }
 
 /// Shapes `c` as `--cpus`, `--workers`, `--spare-servers` and
@@ -115,6 +137,9 @@ impl BenchOpts {
         c.pin_workers = !self.no_pin;
         c.publish_stats = !self.no_publish;
         c.program_removals = !self.no_removals;
+        if let Some(m) = self.fill_model {
+            c.fill_model = m.into();
+        }
         if let Some(s) = self.spin_us {
             c.experiment.spin_us = s;
         }

@@ -74,6 +74,12 @@ impl ManagerBuilder {
         self
     }
 
+    /// How filled 4 KiB pages go into place ([`Config::fill_model`]).
+    pub fn fill_model(mut self, model: crate::config::FillModel) -> Self {
+        self.config.fill_model = model;
+        self
+    }
+
     /// Sizes the manager for `cpus` CPUs ([`Config::cpus`]) and sets the
     /// worker and spare-server counts to their defaults for them
     /// ([`Config::default_workers`], [`Config::default_spare_servers`]; a
@@ -183,10 +189,16 @@ impl ManagerBuilder {
             required = required.with(Features::SIGBUS);
         }
         let uffd = Uffd::open(required, Features::THREAD_ID)?;
+        // The pool's own context, with no events: a move into a slot
+        // needs the slot registered with the context it is issued on, and
+        // dropping stale slots (`frame/stale.rs`) on the regions' context
+        // would raise a removal event per slot (and refuse every move
+        // until it is read).
+        let pool_uffd = Uffd::open(Features::MOVE, Features::default())?;
         let parts = pool_parts(&config);
         let pagemap = PageMap::open()?;
         let deferred_fd = EventFd::new()?;
-        let pool = Pool::new(&parts, &uffd)?;
+        let pool = Pool::new(&parts, &pool_uffd)?;
         let alloc = FramePools::new(
             &parts,
             AllocConfig {
@@ -196,7 +208,8 @@ impl ManagerBuilder {
                 cpus: config.cpus,
             },
         );
-        let core = Arc::new(Core::new(config, uffd, pool, alloc, pagemap, deferred_fd));
+        let uffds = (uffd, pool_uffd);
+        let core = Arc::new(Core::new(config, uffds, pool, alloc, pagemap, deferred_fd));
         let number = crate::publish::next_number();
         // Publication is best effort: a machine without /dev/shm still
         // gets its manager.

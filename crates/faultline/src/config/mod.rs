@@ -147,6 +147,9 @@ pub struct Config {
     pub publish_stats: bool,
     /// Who serves faults: workers (default) or the faulting thread itself.
     pub fault_mode: FaultMode,
+    /// How a filled 4 KiB page goes into place: moved (its frame) or
+    /// copied (its bytes). 2 MiB pages always move. Default `Copy`.
+    pub fill_model: FillModel,
     /// Hear the program's own `MADV_DONTNEED` / `MADV_FREE` on region memory
     /// (`UFFD_FEATURE_EVENT_REMOVE`) and give those pages' frames back at
     /// once (those the kernel zapped whole). Off, a dropped page keeps its
@@ -173,6 +176,20 @@ pub struct Config {
     /// table, per-CPU lists, clear order, lookup cache, migration copy).
     /// Users leave it at its default.
     pub experiment: Experiment,
+}
+
+/// How a filled 4 KiB page is put into a region ([`Config::fill_model`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum FillModel {
+    /// `UFFDIO_MOVE` of the frame: no copy, but clearing the frame's pool
+    /// slot flushes the TLB of every CPU the program runs on.
+    Move,
+    /// `UFFDIO_COPY` of the frame's bytes into a fresh page: no flush; the
+    /// slot's dead copy is dropped later with 63 others, one flush for all
+    /// (`frame/stale.rs`). A 4 KiB miss under a full budget costs 1.0
+    /// shootdowns instead of 1.9 (docs/measurements.md, "Fill by copy").
+    #[default]
+    Copy,
 }
 
 /// Who serves a region's missing-page faults ([`Config::fault_mode`]).
@@ -234,6 +251,7 @@ impl Default for Config {
             small_zone_pct: 0,
             publish_stats: true,
             fault_mode: FaultMode::Workers,
+            fill_model: FillModel::default(),
             program_removals: true,
             budget_counts_overhead: true,
             experiment: Experiment::default(),

@@ -157,6 +157,10 @@ fn move_unit(
     len: usize,
     frame: &Frame,
 ) -> Result<(), MoveError> {
+    if pagemove::by_copy(core, region) {
+        // SAFETY: as for the move below.
+        return unsafe { pagemove::copy_in(core, addr, frame, len) };
+    }
     pagemove::drop_empty_page_table(core, region, addr, len);
     // The first 4 KiB move out of a PMD-mapped pool block splits the block's
     // THP; two such moves at once can make the kernel report EEXIST for a

@@ -2,7 +2,9 @@
 //! allocator over its pages ([`buddy`]), the frame allocator with per-CPU
 //! lists in front of it ([`alloc`]), and the split of the pool mapping into
 //! several pools (NUMA nodes, tiers), each with its own allocator ([`pools`]),
-//! and the ledger of frames given back to the kernel ([`balloon`]).
+//! and the ledger of frames given back to the kernel ([`balloon`]), and the
+//! slots holding dead copies of pages the copy fill model put into regions
+//! ([`stale`]).
 //!
 //! Every frame is in exactly one place at a time:
 //! `free (buddy + per-CPU lists) + in flight (owned by one worker) +
@@ -15,6 +17,7 @@ mod balloon;
 mod buddy;
 mod pool;
 mod pools;
+mod stale;
 
 #[cfg_attr(not(feature = "bench-internals"), allow(unused_imports))]
 pub use alloc::{AllocConfig, FrameAlloc, FrameAllocator};

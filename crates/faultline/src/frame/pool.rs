@@ -1,9 +1,11 @@
 //! The frame pool: faultline's "physical memory".
 //!
 //! One anonymous private mapping, 2 MiB aligned, `MADV_HUGEPAGE`, populated up
-//! front and registered with the manager's userfaultfd in write-protect mode
-//! only (so `UFFDIO_MOVE` may move pages back into it, while ordinary faults
-//! in it stay with the kernel). Frame `i` is the 4 KiB slot at
+//! front and registered in write-protect mode only (so `UFFDIO_MOVE` may
+//! move pages back into it, while ordinary faults in it stay with the
+//! kernel) with a userfaultfd of its own that asks for no events: dropping
+//! slots (the balloon's releases, the copy fill model's dead copies) then
+//! raises no removal event for a worker to read. Frame `i` is the 4 KiB slot at
 //! `base + i * 4096`; a frame of order `k` is the naturally aligned run of
 //! `2^k` slots starting at a multiple of `2^k`.
 //!
@@ -13,7 +15,9 @@
 //!   the balloon (released to the kernel: `budget.rs`): moving a frame into
 //!   a region leaves a hole, moving it back fills the hole; the balloon
 //!   refills a frame's holes before it frees it. Free and in-flight frames
-//!   are therefore always populated, and only their owner writes them.
+//!   are therefore always populated, and only their owner writes them. A
+//!   frame whose page was *copied* into a region keeps a dead copy in its
+//!   slot until `stale.rs` drops it (or keeps it, when the frame is freed).
 //! - `zeroed[i]` is set only while slot `i` is populated and all zero: the
 //!   pool starts zeroed; a frame returned from a region is not.
 //!
@@ -31,6 +35,7 @@
 //! the allocator's lock handoff); a PMD bit is cleared (Release) under
 //! `split_lock` after the split and read (Acquire) before taking it.
 
+use super::stale::StaleSlots;
 use faultline_sys::host;
 use faultline_sys::mem::{Advice, Mapping, PageMap};
 use faultline_sys::uffd::{RegisterMode, Uffd};
@@ -127,6 +132,8 @@ pub struct Pool {
     /// This process's pagemap, opened once, to ask the page tables whether
     /// a block is PMD-mapped (`None` if it could not be opened).
     pagemap: Option<PageMap>,
+    /// Slots holding dead copies of pages copied into regions.
+    stale: StaleSlots,
 }
 
 /// Held for the first 4 KiB move out of a PMD-mapped block; see
@@ -215,6 +222,7 @@ impl Pool {
             pmd_mapped,
             split_lock: Mutex::new(()),
             pagemap: PageMap::open().ok(),
+            stale: StaleSlots::new(pages),
         })
     }
 
@@ -378,5 +386,92 @@ impl Pool {
     pub fn populate_block(&self, addr: usize) -> Result<(), SysError> {
         debug_assert!(addr % HUGE_PAGE_SIZE == 0);
         self.map.advise(addr, HUGE_PAGE_SIZE, Advice::PopulateWrite)
+    }
+
+    /// Whether `addr` is inside the pool mapping.
+    pub fn contains(&self, addr: usize) -> bool {
+        self.map.contains(addr, 1)
+    }
+
+    /// Slots `first..first + pages` hold dead copies now: their pages were
+    /// copied into a region (`frame/stale.rs`). Drops the queue if it is a
+    /// batch long; returns the slots dropped. The caller owns the frame.
+    pub fn mark_stale(&self, first: u32, pages: usize) -> Result<usize, SysError> {
+        // The copy may be zeros, but a slot about to be dropped is not
+        // "populated and zero".
+        self.set_zeroed(
+            &Frame {
+                index: first,
+                order: 0,
+            },
+            false,
+        );
+        for i in first + 1..first + pages as u32 {
+            self.set_zeroed(&Frame { index: i, order: 0 }, false);
+        }
+        if self.stale.mark(first, pages) {
+            return self.drop_stale();
+        }
+        Ok(0)
+    }
+
+    /// Drops every queued stale slot with one `process_madvise`; returns
+    /// how many.
+    pub fn drop_stale(&self) -> Result<usize, SysError> {
+        let mut result = Ok(());
+        let n = self.stale.drain(|slots| {
+            result = self.discard_slots(slots);
+            result.is_ok()
+        });
+        result.map(|()| n)
+    }
+
+    /// Before a move into `[addr, addr + len)` of the pool: no slot there
+    /// holds a dead copy when this returns (dropped: with its batch, or
+    /// alone). Returns the slots dropped. The caller owns the frames.
+    pub fn clear_stale(&self, addr: usize, len: usize) -> Result<usize, SysError> {
+        let first = ((addr - self.map.addr()) / PAGE_SIZE) as u32;
+        let mut result = Ok(());
+        let n = self.stale.clear(first, len.div_ceil(PAGE_SIZE), |slots| {
+            result = self.discard_slots(slots);
+            result.is_ok()
+        });
+        result.map(|()| n.unwrap_or(0))
+    }
+
+    /// Before the frames of `[addr, addr + len)` are freed or their holes
+    /// filled: dead copies stay (no longer queued), or a drop in progress
+    /// finishes first (leaving holes). The caller owns the frames.
+    pub fn keep_stale(&self, addr: usize, len: usize) {
+        let first = ((addr - self.map.addr()) / PAGE_SIZE) as u32;
+        self.stale.keep(first, len.div_ceil(PAGE_SIZE));
+    }
+
+    /// Drops the given slots (sorted) with one call, runs of consecutive
+    /// slots as one range. A slot in a PMD-mapped block splits it, under
+    /// the split lock (see [`Pool::split_guard`]).
+    fn discard_slots(&self, slots: &[u32]) -> Result<(), SysError> {
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for &i in slots {
+            let addr = self.slot_addr(i);
+            match ranges.last_mut() {
+                Some((a, l)) if *a + *l == addr => *l += PAGE_SIZE,
+                _ => ranges.push((addr, PAGE_SIZE)),
+            }
+        }
+        let huge: Vec<usize> = slots
+            .iter()
+            .map(|&i| i as usize / PAGES_PER_HUGE)
+            .filter(|&b| self.pmd_mapped[b].load(Ordering::Acquire))
+            .collect();
+        let _split = (!huge.is_empty()).then(|| self.split_lock.lock());
+        // SAFETY: each slot holds a dead copy its drainer won (`stale.rs`):
+        // nobody reads, writes or moves it, and nothing references it.
+        let r = unsafe { self.map.discard_many(&ranges) };
+        for b in huge {
+            // Release pairs with the Acquire loads in `split_guard`.
+            self.pmd_mapped[b].store(false, Ordering::Release);
+        }
+        r
     }
 }

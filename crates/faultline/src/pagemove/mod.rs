@@ -41,7 +41,8 @@
 //!
 //! The rules for one page built on it — park, unpark, gather a page back
 //! into its frame, fill pool holes, drop an empty page table — are in
-//! `park.rs`.
+//! `park.rs`; the copy fill model's install, which falls back to this
+//! protocol for anything but a whole copy, in `copy.rs`.
 //!
 //! Locks: none of its own. Callers hold the fault locks of the pages they
 //! move (or own the frames outright, in flight), which is what makes the
@@ -53,11 +54,13 @@ use faultline_sys::uffd::Resolved;
 use faultline_sys::{SysError, PAGE_SIZE};
 use std::time::{Duration, Instant};
 
+mod copy;
 mod park;
 mod settle;
 
 use settle::{settle, Known};
 
+pub(crate) use copy::{by_copy, copy_in, drop_dead_copies};
 pub(crate) use park::{
     drop_empty_page_table, fill_holes, free_whole, is_empty, park, recollect, try_park, unpark,
     TryPark,
@@ -222,12 +225,23 @@ struct Req {
 unsafe fn move_within(core: &Core, req: Req) -> Result<(), MoveError> {
     let (dst, src, len) = (req.dst, req.src, req.len);
     let (holes, wake) = (req.holes, req.wake);
+    if !wake && core.pool.contains(dst) {
+        // Into pool slots: a slot still holding a dead copy of a page the
+        // copy fill model put into a region is dropped first (a move needs
+        // a hole there).
+        let cleared = core.pool.clear_stale(dst, len);
+        let refused = cleared.as_ref().err().copied();
+        copy::count_dropped(core, dst, cleared);
+        if let Some(e) = refused {
+            return Err(MoveError::Refused(e));
+        }
+    }
     // SAFETY: the caller's contract. The kernel wakes the destination's
     // waiters itself when the move completes (with `wake`); after a partial
     // move it wakes what moved, and a thread woken early refaults onto the
     // page lock the caller holds.
     let first = unsafe {
-        core.uffd
+        core.uffd_into(dst)
             .move_pages(dst, src, len, !wake, holes == Holes::Allow)
     };
     let (last, done) = match first {

@@ -34,6 +34,10 @@ static ZERO_PAGE: ZeroPage = ZeroPage([0; PAGE_SIZE]);
 /// (a found bug: every later move of those pages back out failed with
 /// `EEXIST`).
 pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), SysError> {
+    // A dead copy left by the copy fill model stays (it is not a hole, and
+    // no drop may take it once this frame is free), or a drop in progress
+    // finishes first and its holes are filled below.
+    core.pool.keep_stale(addr, len);
     if len % HUGE_PAGE_SIZE == 0 && addr % HUGE_PAGE_SIZE == 0 {
         for block in (addr..addr + len).step_by(HUGE_PAGE_SIZE) {
             core.pool.populate_block(block)?;
@@ -47,7 +51,7 @@ pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), Sys
             // SAFETY: `page` is a pool slot of a frame the caller owns (in
             // flight, or under its page's lock); UFFDIO_COPY fills it only
             // if it is a hole. The source is a static zeroed page.
-            match unsafe { core.uffd.copy(page, zero, PAGE_SIZE, true) } {
+            match unsafe { core.uffd_into(page).copy(page, zero, PAGE_SIZE, true) } {
                 Ok(Resolved::Done | Resolved::Exists { .. }) => break,
                 Ok(_) if round < 1000 => {
                     // EAGAIN: the address space is changing (an unmap
@@ -228,7 +232,14 @@ pub(crate) fn unpark(core: &Core, r: &RegionInner, page: usize, f: u32) -> Resul
     r.set_state(page, PageState::Resident(f));
     // SAFETY: a parked page's frame is whole in its slot and the page is a
     // hole, under the page's lock; nothing references either.
-    match unsafe { move_in(core, addr, core.pool.addr_of(&frame), len) } {
+    let put = unsafe {
+        if super::by_copy(core, r) {
+            super::copy_in(core, addr, &frame, len)
+        } else {
+            move_in(core, addr, core.pool.addr_of(&frame), len)
+        }
+    };
+    match put {
         Ok(()) => Ok(()),
         Err(e) => {
             if !matches!(e, MoveError::Split { .. }) {

@@ -94,7 +94,7 @@ unsafe fn move_runs(
         let off = i * PAGE_SIZE;
         // SAFETY: the caller's contract.
         match unsafe {
-            core.uffd
+            core.uffd_into(dst + off)
                 .move_pages(dst + off, src + off, k * PAGE_SIZE, true, false)
         } {
             Ok(Resolved::Done) => {}

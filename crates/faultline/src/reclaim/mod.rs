@@ -139,12 +139,13 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         if core.is_stopping() {
             return;
         }
-        if let Some(p) = publisher.as_mut() {
-            if Instant::now() >= publish_at {
-                publish_at = Instant::now() + p.publish(core);
-            }
+        publish_due(core, publisher.as_mut(), &mut publish_at);
+        if Instant::now() < check_at {
+            continue;
         }
-        if !core.config.reclaim || Instant::now() < check_at {
+        crate::pagemove::drop_dead_copies(core);
+        if !core.config.reclaim {
+            check_at = Instant::now() + idle;
             continue;
         }
         above.note(core, high);
@@ -187,6 +188,15 @@ pub(crate) fn run(core: &Core, mut publisher: Option<Publisher>) {
         // Faults may wake this thread early unless it is backing off.
         core.kick.arm(idle == TICK);
         check_at = Instant::now() + idle;
+    }
+}
+
+/// Publishes the stats if `publish_at` has come, and sets the next time.
+fn publish_due(core: &Core, publisher: Option<&mut Publisher>, publish_at: &mut Instant) {
+    if let Some(p) = publisher {
+        if Instant::now() >= *publish_at {
+            *publish_at = Instant::now() + p.publish(core);
+        }
     }
 }
 

@@ -68,10 +68,13 @@ pub struct ChildArgs {
     /// faultline's fault-lock table size (default: `Config::lock_table`).
     #[arg(long)]
     pub fault_locks: Option<usize>,
+    /// How faultline puts filled 4 KiB pages in (default: `Config`'s).
+    #[arg(long, value_enum)]
+    pub fill_model: Option<crate::bench::FillModelArg>,
 }
 
-/// The child's `--workers`, `--spare-servers`, `--cpus` and
-/// `--fault-locks` for what the parent's command line set of them.
+/// The child's `--workers`, `--spare-servers`, `--cpus`, `--fault-locks`
+/// and `--fill-model` for what the parent's command line set of them.
 pub(crate) fn server_args(common: &crate::bench::BenchOpts) -> Vec<String> {
     [
         ("--workers", common.workers),
@@ -82,6 +85,13 @@ pub(crate) fn server_args(common: &crate::bench::BenchOpts) -> Vec<String> {
     .into_iter()
     .filter_map(|(flag, v)| v.map(|n| [flag.to_string(), n.to_string()]))
     .flatten()
+    .chain(common.fill_model.into_iter().flat_map(|m| {
+        let name = match m {
+            crate::bench::FillModelArg::Copy => "copy",
+            crate::bench::FillModelArg::Move => "move",
+        };
+        ["--fill-model".to_string(), name.to_string()]
+    }))
     .collect()
 }
 
@@ -231,6 +241,9 @@ fn manager(a: &ChildArgs) -> anyhow::Result<Manager> {
         a.spare_servers,
         a.fault_locks,
     );
+    if let Some(m) = a.fill_model {
+        config.fill_model = m.into();
+    }
     Ok(ManagerBuilder::from_config(config).build()?)
 }
 
