@@ -36,6 +36,10 @@ pub struct SoakOpts {
     /// Print one JSON row instead of text.
     #[arg(long)]
     pub json: bool,
+    /// How filled 4 KiB pages go into place: `copy` (the default) or
+    /// `move` (`Config::fill_model`).
+    #[arg(long, value_enum, default_value = "copy")]
+    pub fill_model: crate::bench::FillModelArg,
 }
 
 const PAGE: usize = 4096;
@@ -101,7 +105,11 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(o.secs);
     let stats = {
-        let mm = Manager::builder().budget(budget).workers(2).build()?;
+        let mm = Manager::builder()
+            .budget(budget)
+            .workers(2)
+            .fill_model(o.fill_model.into())
+            .build()?;
         let store = File::open(path, FileOptions::new().writable(true))?;
         let r = mm.map(pages * PAGE, store, MapOptions::new())?;
         let outcome: anyhow::Result<()> = std::thread::scope(|s| {
@@ -163,7 +171,11 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
     };
     let secs = t0.elapsed().as_secs_f64();
     // A fresh manager reads the file back: every page its last version.
-    let mm = Manager::builder().budget(budget).workers(2).build()?;
+    let mm = Manager::builder()
+        .budget(budget)
+        .workers(2)
+        .fill_model(o.fill_model.into())
+        .build()?;
     let r = mm.map_read_only(
         pages * PAGE,
         File::open(path, FileOptions::new())?,

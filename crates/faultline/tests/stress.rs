@@ -21,9 +21,11 @@
 //! Every word written must read back, every word nobody wrote must read its
 //! initial value, and at the end every frame is back in the pool. Each runs
 //! twice: faults served by workers, and in the faulting threads (`_in_thread`).
+//! `FAULTLINE_STRESS_FILL` (`copy`, the default, or `move`) chooses the fill
+//! model of every manager (`Config::fill_model`); CI runs seeds in both.
 
 use faultline::store::{FileOptions, Zero};
-use faultline::{FaultMode, MapOptions, MigrateError, PageSize};
+use faultline::{FaultMode, FillModel, MapOptions, MigrateError, PageSize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,15 @@ fn seed() -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
+}
+
+/// The fill model every manager uses (`FAULTLINE_STRESS_FILL`).
+fn fill_model() -> FillModel {
+    match std::env::var("FAULTLINE_STRESS_FILL").as_deref() {
+        Ok("move") => FillModel::Move,
+        Ok("copy") | Err(_) => FillModel::Copy,
+        Ok(other) => panic!("FAULTLINE_STRESS_FILL={other}: copy or move"),
+    }
 }
 
 fn secs() -> u64 {
@@ -140,6 +151,7 @@ fn checksum_oracle(mode: FaultMode) {
     // Pool 0 plus a tier the shared regions migrate to and from meanwhile.
     let mm = common::manager_with({
         let mut c = common::config(128 * MIB);
+        c.fill_model = fill_model();
         c.fault_mode = mode;
         c.experiment.fault_locks = Some(4);
         // Free memory goes back to the kernel after 0.2 s of disuse and is
@@ -375,6 +387,7 @@ fn store_backed_oracle(mode: FaultMode) {
     let oracles: Vec<Vec<std::collections::HashMap<usize, u64>>> = {
         let mm = common::manager_with({
             let mut c = common::config(16 * MIB);
+            c.fill_model = fill_model();
             c.fault_mode = mode;
             c.experiment.fault_locks = Some(8);
             c.with_tier(8 * MIB)
