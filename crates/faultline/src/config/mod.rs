@@ -148,7 +148,8 @@ pub struct Config {
     /// Who serves faults: workers (default) or the faulting thread itself.
     pub fault_mode: FaultMode,
     /// How a filled 4 KiB page goes into place: moved (its frame) or
-    /// copied (its bytes). 2 MiB pages always move. Default `Copy`.
+    /// copied (its bytes; units of up to 8 pages — longer runs move). 2 MiB
+    /// pages always move. Default `Copy`.
     pub fill_model: FillModel,
     /// Hear the program's own `MADV_DONTNEED` / `MADV_FREE` on region memory
     /// (`UFFD_FEATURE_EVENT_REMOVE`) and give those pages' frames back at

@@ -157,7 +157,7 @@ fn move_unit(
     len: usize,
     frame: &Frame,
 ) -> Result<(), MoveError> {
-    if pagemove::by_copy(core, region) {
+    if pagemove::by_copy(core, region, len) {
         // SAFETY: as for the move below.
         return unsafe { pagemove::copy_in(core, addr, frame, len) };
     }

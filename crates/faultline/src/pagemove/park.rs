@@ -233,7 +233,7 @@ pub(crate) fn unpark(core: &Core, r: &RegionInner, page: usize, f: u32) -> Resul
     // SAFETY: a parked page's frame is whole in its slot and the page is a
     // hole, under the page's lock; nothing references either.
     let put = unsafe {
-        if super::by_copy(core, r) {
+        if super::by_copy(core, r, len) {
             super::copy_in(core, addr, &frame, len)
         } else {
             move_in(core, addr, core.pool.addr_of(&frame), len)
