@@ -1,6 +1,7 @@
 //! What a [`Config`] sizes by the CPUs it is built for: the default
-//! workers and spare servers ([`Config::size_for_cpus`]) and the fault-lock
-//! table ([`Config::lock_table`]). Plain arithmetic, no locks.
+//! workers and spare servers ([`Config::size_for_cpus`]), the fault-lock
+//! table ([`Config::lock_table`]) and the read-ahead streams a region
+//! remembers ([`Config::readahead_streams`]). Plain arithmetic, no locks.
 
 use super::Config;
 
@@ -27,6 +28,15 @@ impl Config {
     /// never called is a parked thread.
     pub fn default_spare_servers(cpus: usize) -> usize {
         (4 * cpus).clamp(8, 64)
+    }
+
+    /// Sequential streams a region recognizes at once: four per CPU, 16
+    /// to 128 (program threads each reading their own part of a file;
+    /// with fewer slots than streams each is forgotten before its next
+    /// fault and none reads ahead). Searched on every store-backed fault
+    /// under the region's stream lock, most recent first.
+    pub fn readahead_streams(&self) -> usize {
+        (4 * self.cpus).clamp(16, 128)
     }
 
     /// Sizes this config for `cpus` CPUs: [`Config::cpus`], and the worker

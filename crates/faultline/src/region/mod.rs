@@ -109,11 +109,17 @@ pub struct RegionInner {
     pub(crate) pins: pins::Pins,
     /// Pages the kernel recently would not let reclaim move out.
     pub(crate) held: held::Held,
-    /// Read-ahead streams: up to 4 `(last faulting page, window)`, so that
-    /// a few threads each reading sequentially are each recognized. A leaf
+    /// Read-ahead streams: `(last faulting page, window)`, most recently
+    /// continued first, so that threads each reading sequentially are each
+    /// recognized — as many as [`crate::Config::readahead_streams`] (a
+    /// table smaller than the streams forgets every one before its next
+    /// fault: 8 readers over 4 slots got no read-ahead at all). A leaf
     /// mutex, taken only on faults of store-backed regions.
-    streams: parking_lot::Mutex<[(usize, usize); 4]>,
+    streams: parking_lot::Mutex<Vec<(usize, usize)>>,
 }
+
+/// Read-ahead streams a region remembers at least.
+const MIN_STREAMS: usize = 4;
 
 impl RegionInner {
     pub(crate) fn new(
@@ -139,8 +145,14 @@ impl RegionInner {
             pinned,
             pins: pins::Pins::default(),
             held: held::Held::default(),
-            streams: parking_lot::Mutex::new([(usize::MAX, 1); 4]),
+            streams: parking_lot::Mutex::new(vec![(usize::MAX, 1); MIN_STREAMS]),
         }
+    }
+
+    /// Remembers `n` read-ahead streams (at least [`MIN_STREAMS`]).
+    pub(crate) fn with_streams(self, n: usize) -> RegionInner {
+        *self.streams.lock() = vec![(usize::MAX, 1); n.max(MIN_STREAMS)];
+        self
     }
 
     /// Tracks dirtiness with `fps`, the manager's per-frame table (a region
@@ -432,5 +444,28 @@ mod tests {
         r.set_state(1, PageState::Gone);
         r.set_state(2, PageState::Absent);
         assert_eq!(r.holding(), 0);
+    }
+
+    #[test]
+    fn every_stream_of_a_table_as_large_keeps_its_read_ahead() {
+        let m = Mapping::anonymous(8 * 4096, 4096).expect("mmap");
+        let r = RegionInner::new(1, m, PageSize::Base4K, Arc::new(Zero), 1, false);
+        let wins = |r: &RegionInner, streams: usize| {
+            // Round robin over `streams` readers, each at its own offset.
+            let mut last = Vec::new();
+            for step in 0..6 {
+                last = (0..streams)
+                    .map(|s| r.readahead(s * 1_000_000 + step, 256, false))
+                    .collect::<Vec<_>>();
+            }
+            last
+        };
+        assert!(
+            wins(&r, 8).iter().all(|&w| w == 1),
+            "4 slots forget 8 streams"
+        );
+        let r = r.with_streams(8);
+        let w = wins(&r, 8);
+        assert!(w.iter().all(|&w| w > 1), "8 slots keep 8 streams: {w:?}");
     }
 }
