@@ -33,30 +33,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define PAGE 4096UL
 #define PAGES 8192UL /* 32 MiB region */
 #define BATCH 64
 
-/* Newer than the C headers here: defined by hand. */
-struct move_args { uint64_t dst, src, len, mode; int64_t move; };
-#define UFFDIO_MOVE_NR _IOWR(0xAA, 0x05, struct move_args)
-#define FEATURE_MOVE (1ULL << 16)
-#ifndef SYS_process_madvise
-#define SYS_process_madvise 440
-#endif
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-
 static volatile int stop;
 static char *region;
-
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    sched_setaffinity(0, sizeof s, &s);
-}
 
 static void *spinner(void *arg) {
     (void)arg;
@@ -67,33 +51,6 @@ static void *spinner(void *arg) {
         i++;
     }
     return (void *)sum;
-}
-
-static unsigned long long shootdowns(void) {
-    FILE *f = fopen("/proc/interrupts", "r");
-    char line[4096];
-    unsigned long long total = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        char *p = line;
-        while (*p == ' ') p++;
-        if (strncmp(p, "TLB:", 4)) continue;
-        p += 4;
-        for (;;) {
-            char *end;
-            unsigned long long v = strtoull(p, &end, 10);
-            if (end == p) break;
-            total += v;
-            p = end;
-        }
-    }
-    if (f) fclose(f);
-    return total;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
 }
 
 /* Page i of batch b: scattered (a multiplicative walk), distinct in a batch. */

@@ -86,11 +86,10 @@ pub(crate) fn server_args(common: &crate::bench::BenchOpts) -> Vec<String> {
     .filter_map(|(flag, v)| v.map(|n| [flag.to_string(), n.to_string()]))
     .flatten()
     .chain(common.fill_model.into_iter().flat_map(|m| {
-        let name = match m {
-            crate::bench::FillModelArg::Copy => "copy",
-            crate::bench::FillModelArg::Move => "move",
-        };
-        ["--fill-model".to_string(), name.to_string()]
+        let name = clap::ValueEnum::to_possible_value(&m)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        ["--fill-model".to_string(), name]
     }))
     .collect()
 }

@@ -446,6 +446,21 @@ mod tests {
     }
 
     #[test]
+    fn the_children_get_the_servers_and_fill_model_asked_for() {
+        let args = ["t", "--workers", "3", "--fill-model", "move"];
+        let cli = Cli::try_parse_from(args).expect("parse");
+        assert_eq!(
+            server_args(&cli.o.common),
+            ["--workers", "3", "--fill-model", "move"]
+        );
+        let cli = Cli::try_parse_from(["t"]).expect("parse");
+        assert!(
+            server_args(&cli.o.common).is_empty(),
+            "defaults pass nothing"
+        );
+    }
+
+    #[test]
     fn sizes_keep_the_defaults_and_fit_the_metadata() {
         assert_eq!(sizes_of(&["--quick"]).ok(), Some((64, 52, 256)));
         assert_eq!(
