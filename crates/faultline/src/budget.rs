@@ -67,11 +67,9 @@ pub(crate) fn inflate(core: &Core, pages: usize, withheld: bool, small: bool) ->
     if small {
         core.alloc.alloc_bulk(0, pages - got, &mut frames);
     }
-    let (released, mut back) = each_frame(core, frames, |f| {
-        let at = core.pool.addr_of(f);
-        core.own_discards
-            .run(at, at + f.bytes(), || core.pool.release(f))
-    });
+    // The pool's own userfaultfd asks for no events: a release raises no
+    // removal event to tell apart from the program's.
+    let (released, mut back) = each_frame(core, frames, |f| core.pool.release(f));
     // Not released: still populated, still free memory.
     core.alloc.free_bulk(&mut back);
     let n: usize = released.iter().map(Frame::pages).sum();

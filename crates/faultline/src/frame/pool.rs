@@ -468,9 +468,11 @@ impl Pool {
         // SAFETY: each slot holds a dead copy its drainer won (`stale.rs`):
         // nobody reads, writes or moves it, and nothing references it.
         let r = unsafe { self.map.discard_many(&ranges) };
-        for b in huge {
-            // Release pairs with the Acquire loads in `split_guard`.
-            self.pmd_mapped[b].store(false, Ordering::Release);
+        if r.is_ok() {
+            for b in huge {
+                // Release pairs with the Acquire loads in `split_guard`.
+                self.pmd_mapped[b].store(false, Ordering::Release);
+            }
         }
         r
     }

@@ -78,7 +78,8 @@ impl StaleSlots {
 
     /// Drops every queued slot still `STALE` with one call to `drop_slots`
     /// (given the won slots, sorted; it makes each a hole, or returns
-    /// false: they stay `STALE`, for `clear` to drop or `keep` to keep).
+    /// false: they stay `STALE` and queued, for the next drain or a
+    /// `clear` to drop, or a `keep` to keep).
     /// Returns the slots dropped.
     pub fn drain(&self, drop_slots: impl FnOnce(&[u32]) -> bool) -> usize {
         let taken = std::mem::take(&mut *self.pending.lock());
@@ -93,11 +94,12 @@ impl StaleSlots {
             // Release: pairs with the Acquire loads in `clear` and `keep`.
             self.state[i as usize].store(after, Ordering::Release);
         }
-        if dropped {
-            won.len()
-        } else {
-            0
+        if !dropped {
+            // Queued again, for the next drain (or a `clear`) to retry.
+            self.pending.lock().extend_from_slice(&won);
+            return 0;
         }
+        won.len()
     }
 
     /// `STALE` → `DROPPING`, if it still is.

@@ -33,9 +33,20 @@ pub(crate) const COPY_MAX: usize = 8 * PAGE_SIZE;
 
 /// Whether a unit of `len` bytes of `r`'s filled pages goes in by copy
 /// ([`crate::FillModel`]): 4 KiB pages under the copy model, units up to
-/// [`COPY_MAX`].
+/// [`COPY_MAX`], no pool bound to a NUMA node.
 pub(crate) fn by_copy(core: &Core, r: &RegionInner, len: usize) -> bool {
-    core.config.fill_model == FillModel::Copy && r.page_size == PageSize::Base4K && len <= COPY_MAX
+    let c = &core.config;
+    c.fill_model == FillModel::Copy
+        && r.page_size == PageSize::Base4K
+        && len <= COPY_MAX
+        && !binds_nodes(c)
+}
+
+/// Whether any pool is bound to a NUMA node: then pages move, keeping the
+/// node of their frame — a copy's page comes from the kernel wherever the
+/// program's memory policy places it, not from the pool's node.
+fn binds_nodes(c: &crate::config::Config) -> bool {
+    c.node.is_some() || c.extra_pools.iter().any(|p| p.node.is_some())
 }
 
 /// Copies `frame` (whole in its slot) into the region pages at `dst`,
@@ -73,9 +84,18 @@ pub(crate) unsafe fn copy_in(
     if done == len {
         return Ok(());
     }
+    // The first 4 KiB move out of a PMD-mapped pool block splits it, under
+    // the split lock (as `fault/resolve.rs: move_unit`; a unit this small
+    // lies in one block). Taken after the mark above, whose drop takes
+    // that lock too.
+    let split = core.pool.split_guard(frame);
     // SAFETY: the caller's contract, for the pages not copied (their
     // frames' slots untouched, the region pages still absent).
-    match unsafe { move_in(core, dst + done, src + done, len - done) } {
+    let moved = unsafe { move_in(core, dst + done, src + done, len - done) };
+    if let (Some(guard), true) = (split, moved.is_ok()) {
+        guard.mark_split();
+    }
+    match moved {
         Ok(()) => Ok(()),
         Err(e) if done == 0 => Err(e),
         Err(e) => Err(MoveError::Split {
