@@ -31,6 +31,18 @@ fn word(page: usize, w: usize, round: u64) -> u64 {
     ((page as u64) << 32) ^ ((w as u64) << 8) ^ round.wrapping_mul(0x9E37_79B9)
 }
 
+/// What word `w` of `page` holds after round `round` last wrote it (0:
+/// never, so the file's initial bytes).
+fn expected(initial: &[u8], page: usize, w: usize, round: u64) -> u64 {
+    match round {
+        0 => {
+            let at = page * PAGE + w * 8;
+            u64::from_le_bytes(initial[at..at + 8].try_into().expect("8 bytes"))
+        }
+        k => word(page, w, k),
+    }
+}
+
 fn run(model: FillModel) {
     let dir = ScratchDir::new("fill-model");
     let initial: Vec<u8> = (0..PAGES * PAGE).map(|i| (i % 253) as u8).collect();
@@ -57,12 +69,7 @@ fn run(model: FillModel) {
                             last[page] = round;
                         } else {
                             let got = r.load_u64(page * PAGE).expect("load");
-                            let want = match last[page] {
-                                0 => u64::from_le_bytes(
-                                    initial[page * PAGE..page * PAGE + 8].try_into().expect("8"),
-                                ),
-                                k => word(page, 0, k),
-                            };
+                            let want = expected(initial, page, 0, last[page]);
                             assert_eq!(got, want, "{model:?}: page {page} round {round}");
                         }
                     }
@@ -94,14 +101,7 @@ fn run(model: FillModel) {
         let k = rounds[page % 2][page];
         for w in 0..8 {
             let got = r.load_u64(page * PAGE + w * 8).expect("load");
-            let want = match k {
-                0 => u64::from_le_bytes(
-                    initial[page * PAGE + w * 8..page * PAGE + w * 8 + 8]
-                        .try_into()
-                        .expect("8"),
-                ),
-                k => word(page, w, k),
-            };
+            let want = expected(&initial, page, w, k);
             assert_eq!(
                 got, want,
                 "{model:?}: page {page} word {w} after a fresh map"

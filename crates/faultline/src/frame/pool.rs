@@ -399,15 +399,8 @@ impl Pool {
     pub fn mark_stale(&self, first: u32, pages: usize) -> Result<usize, SysError> {
         // The copy may be zeros, but a slot about to be dropped is not
         // "populated and zero".
-        self.set_zeroed(
-            &Frame {
-                index: first,
-                order: 0,
-            },
-            false,
-        );
-        for i in first + 1..first + pages as u32 {
-            self.set_zeroed(&Frame { index: i, order: 0 }, false);
+        for index in first..first + pages as u32 {
+            self.set_zeroed(&Frame { index, order: 0 }, false);
         }
         if self.stale.mark(first, pages) {
             return self.drop_stale();
@@ -430,12 +423,13 @@ impl Pool {
     /// holds a dead copy when this returns (dropped: with its batch, or
     /// alone). Returns the slots dropped. The caller owns the frames.
     pub fn clear_stale(&self, addr: usize, len: usize) -> Result<usize, SysError> {
-        let first = ((addr - self.map.addr()) / PAGE_SIZE) as u32;
         let mut result = Ok(());
-        let n = self.stale.clear(first, len.div_ceil(PAGE_SIZE), |slots| {
-            result = self.discard_slots(slots);
-            result.is_ok()
-        });
+        let n = self
+            .stale
+            .clear(self.slot_index(addr), len.div_ceil(PAGE_SIZE), |slots| {
+                result = self.discard_slots(slots);
+                result.is_ok()
+            });
         result.map(|()| n.unwrap_or(0))
     }
 
@@ -443,8 +437,14 @@ impl Pool {
     /// filled: dead copies stay (no longer queued), or a drop in progress
     /// finishes first (leaving holes). The caller owns the frames.
     pub fn keep_stale(&self, addr: usize, len: usize) {
-        let first = ((addr - self.map.addr()) / PAGE_SIZE) as u32;
-        self.stale.keep(first, len.div_ceil(PAGE_SIZE));
+        self.stale
+            .keep(self.slot_index(addr), len.div_ceil(PAGE_SIZE));
+    }
+
+    /// The slot `addr` (inside the pool) lies in: [`Pool::slot_addr`]'s
+    /// inverse.
+    fn slot_index(&self, addr: usize) -> u32 {
+        ((addr - self.map.addr()) / PAGE_SIZE) as u32
     }
 
     /// Drops the given slots (sorted) with one call, runs of consecutive

@@ -89,17 +89,23 @@ impl StaleSlots {
         }
         won.sort_unstable();
         let dropped = drop_slots(&won);
-        let after = if dropped { OWNED } else { STALE };
-        for &i in &won {
-            // Release: pairs with the Acquire loads in `clear` and `keep`.
-            self.state[i as usize].store(after, Ordering::Release);
-        }
+        self.settle_won(&won, dropped);
         if !dropped {
             // Queued again, for the next drain (or a `clear`) to retry.
             self.pending.lock().extend_from_slice(&won);
             return 0;
         }
         won.len()
+    }
+
+    /// After the drop of `won` slots (won from `STALE`): `OWNED` holes, or
+    /// `STALE` again if the drop failed.
+    fn settle_won(&self, won: &[u32], dropped: bool) {
+        let after = if dropped { OWNED } else { STALE };
+        for &i in won {
+            // Release: pairs with the Acquire loads in `clear` and `keep`.
+            self.state[i as usize].store(after, Ordering::Release);
+        }
     }
 
     /// `STALE` → `DROPPING`, if it still is.
@@ -135,8 +141,7 @@ impl StaleSlots {
                         // left by a failed drop: drop it alone.
                         if self.win(i) {
                             let ok = drop_slots(&[i]);
-                            let after = if ok { OWNED } else { STALE };
-                            self.state[i as usize].store(after, Ordering::Release);
+                            self.settle_won(&[i], ok);
                             if !ok {
                                 return None;
                             }
@@ -216,7 +221,7 @@ mod tests {
         assert_eq!(
             s.clear(7, 1, |slots| slots == [7]),
             Some(1),
-            "and clear drops it alone"
+            "it stayed queued, and clear drops it with that batch"
         );
     }
 

@@ -118,6 +118,9 @@ pub(crate) fn drop_dead_copies(core: &Core) {
 /// stay stale: a move into one drops it alone first, or fails).
 pub(crate) fn count_dropped(core: &Core, addr: usize, dropped: Result<usize, SysError>) {
     match dropped {
+        // Nothing to count: most moves into the pool (every park) find no
+        // dead copy, and need not touch the shared counter.
+        Ok(0) => {}
         Ok(n) => {
             core.stats
                 .stale_dropped
