@@ -15,7 +15,21 @@ impl Uffd {
     /// `UFFDIO_MOVE`: moves the pages of `[src, src + len)` to the holes at
     /// `[dst, dst + len)` without copying, and (unless `dontwake`) wakes the
     /// threads waiting there. A PMD-mapped huge page moves whole when both
-    /// sides are 2 MiB aligned and the destination PMD is empty.
+    /// sides are 2 MiB aligned and the destination PMD is empty. A source
+    /// page with no data stops the move there ([`Resolved::SourceHole`],
+    /// with the bytes moved before it).
+    ///
+    /// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES` is not offered: Linux 6.18's
+    /// `move_pages()` does not reset its error after a transient `EAGAIN`
+    /// (a large folio locked or split elsewhere, a page table changing), so
+    /// the next step's success leaves it at the same address; there the
+    /// page just moved is a source hole, which that flag counts as another
+    /// success — the ioctl spins in the kernel forever, holding both VMAs'
+    /// read locks (khugepaged then waits for them holding the mmap lock for
+    /// writing, and every `madvise` and page fault of the process waits
+    /// behind it). Without the flag the same hole ends the call with
+    /// `ENOENT` and a short count (the bytes moved after the `EAGAIN` not
+    /// counted), which callers check against the page tables anyway.
     ///
     /// # Safety
     /// Both ranges must be anonymous memory that the caller manages: after the
@@ -27,7 +41,6 @@ impl Uffd {
         src: usize,
         len: usize,
         dontwake: bool,
-        allow_src_holes: bool,
     ) -> Result<Resolved, SysError> {
         let mut arg = raw::UffdioMove {
             dst: dst as u64,
@@ -35,10 +48,6 @@ impl Uffd {
             len: len as u64,
             mode: if dontwake {
                 raw::UFFDIO_MOVE_MODE_DONTWAKE
-            } else {
-                0
-            } | if allow_src_holes {
-                raw::UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES
             } else {
                 0
             },
@@ -80,24 +89,21 @@ mod tests {
         )
         .expect("register src");
         // SAFETY: both mappings are ours; no references into them.
-        let r =
-            unsafe { u.move_pages(dst.addr(), src.addr(), PAGE_SIZE, false, false) }.expect("move");
+        let r = unsafe { u.move_pages(dst.addr(), src.addr(), PAGE_SIZE, false) }.expect("move");
         assert_eq!(r, Resolved::Done);
         // SAFETY: dst page is now mapped with the moved content.
         assert_eq!(unsafe { *dst.as_ptr() }, 0x5a);
         // The source is a hole now: moving again finds ENOENT.
         // SAFETY: as above.
-        let r =
-            unsafe { u.move_pages(dst.addr() + PAGE_SIZE, src.addr(), PAGE_SIZE, false, false) }
-                .expect("move");
+        let r = unsafe { u.move_pages(dst.addr() + PAGE_SIZE, src.addr(), PAGE_SIZE, false) }
+            .expect("move");
         assert_eq!(r, Resolved::SourceHole { done: 0 });
         // Moving a populated page onto a mapped destination is EEXIST.
         // SAFETY: as above.
         unsafe { std::ptr::write_bytes(src.as_ptr().add(PAGE_SIZE), 1, PAGE_SIZE) };
         // SAFETY: as above.
-        let r =
-            unsafe { u.move_pages(dst.addr(), src.addr() + PAGE_SIZE, PAGE_SIZE, false, false) }
-                .expect("move");
+        let r = unsafe { u.move_pages(dst.addr(), src.addr() + PAGE_SIZE, PAGE_SIZE, false) }
+            .expect("move");
         assert_eq!(r, Resolved::Exists { done: 0 });
         u.unregister(dst.addr(), dst.len()).expect("unregister");
     }
@@ -134,7 +140,7 @@ mod tests {
         };
         assert_eq!(write(2), 0, "a populated THP takes writes without faults");
         // SAFETY: moving page 0 of our pool into our registered region.
-        unsafe { u.move_pages(reg.addr(), pool.addr(), PAGE_SIZE, true, false) }.expect("move");
+        unsafe { u.move_pages(reg.addr(), pool.addr(), PAGE_SIZE, true) }.expect("move");
         assert_eq!(write(3), 1, "first write after the split");
         assert_eq!(write(3), 0, "second write to the same page");
         assert_eq!(write(5), 1, "first write to another page of the block");
@@ -178,14 +184,14 @@ mod tests {
         for (i, write) in [(0usize, false), (1usize, true)] {
             let (p, r) = (pool.addr() + i * PAGE_SIZE, reg.addr() + i * PAGE_SIZE);
             // SAFETY: moving between our own mappings.
-            unsafe { u.move_pages(r, p, PAGE_SIZE, true, false) }.expect("in");
+            unsafe { u.move_pages(r, p, PAGE_SIZE, true) }.expect("in");
             u.write_protect(r, PAGE_SIZE, true, false).expect("wp");
             if write {
                 // SAFETY: our page.
                 unsafe { (r as *mut u8).write_volatile(5) };
             }
             // SAFETY: as above.
-            unsafe { u.move_pages(p, r, PAGE_SIZE, true, false) }.expect("out");
+            unsafe { u.move_pages(p, r, PAGE_SIZE, true) }.expect("out");
             let mut w = Vec::new();
             pm.written(p, p + PAGE_SIZE, false, &mut w).expect("scan");
             assert!(

@@ -224,7 +224,7 @@ struct Req {
 /// As [`move_range`].
 unsafe fn move_within(core: &Core, req: Req) -> Result<(), MoveError> {
     let (dst, src, len) = (req.dst, req.src, req.len);
-    let (holes, wake) = (req.holes, req.wake);
+    let wake = req.wake;
     if !wake && core.pool.contains(dst) {
         // Into pool slots: a slot still holding a dead copy of a page the
         // copy fill model put into a region is dropped first (a move needs
@@ -239,11 +239,10 @@ unsafe fn move_within(core: &Core, req: Req) -> Result<(), MoveError> {
     // SAFETY: the caller's contract. The kernel wakes the destination's
     // waiters itself when the move completes (with `wake`); after a partial
     // move it wakes what moved, and a thread woken early refaults onto the
-    // page lock the caller holds.
-    let first = unsafe {
-        core.uffd_into(dst)
-            .move_pages(dst, src, len, !wake, holes == Holes::Allow)
-    };
+    // page lock the caller holds. Holes stop the ioctl even where they are
+    // allowed (the kernel's flag for them can spin forever: see
+    // `Uffd::move_pages`): `settle` moves the runs of data around them.
+    let first = unsafe { core.uffd_into(dst).move_pages(dst, src, len, !wake) };
     let (last, done) = match first {
         Ok(Resolved::Done) => return Ok(()),
         Ok(

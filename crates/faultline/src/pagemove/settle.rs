@@ -95,7 +95,7 @@ unsafe fn move_runs(
         // SAFETY: the caller's contract.
         match unsafe {
             core.uffd_into(dst + off)
-                .move_pages(dst + off, src + off, k * PAGE_SIZE, true, false)
+                .move_pages(dst + off, src + off, k * PAGE_SIZE, true)
         } {
             Ok(Resolved::Done) => {}
             Ok(r) => last = Some(refusal(r, dst + off, k * PAGE_SIZE)),
