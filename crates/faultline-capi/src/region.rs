@@ -66,14 +66,7 @@ fn to_options(opts: *const fl_map_options) -> Result<MapOptions, Failure> {
 }
 
 fn map_failure(e: MapError) -> Failure {
-    let errno = match &e {
-        MapError::Sys(s) => s.errno,
-        MapError::AddressInUse { .. } => libc::EEXIST,
-        MapError::TooLarge { .. } => libc::ENOMEM,
-        MapError::ReadOnlyStore => libc::EACCES,
-        _ => libc::EINVAL,
-    };
-    Failure::new(errno, e)
+    Failure::new(e.errno(), e)
 }
 
 fn length(len: u64) -> Result<usize, Failure> {

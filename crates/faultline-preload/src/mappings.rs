@@ -38,7 +38,7 @@ use crate::anonymous::AnonKind;
 use crate::config::settings;
 use crate::private_file::{PrivateBacking, PrivateFile};
 use crate::program_file::ProgramFile;
-use faultline::{Discard, FaultError, Manager, MapError, MapOptions, ReadOnly, Region, StoreError};
+use faultline::{Discard, FaultError, Manager, MapOptions, ReadOnly, Region, StoreError};
 use faultline_sys::interpose::{self, FdFacts};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
@@ -624,7 +624,7 @@ fn serve_anonymous(
     })?;
     let region = crate::reentry::inside(|| mm.map_shared(len, store, opts)).map_err(|e| {
         eprintln!("faultline-preload: cannot serve {len} bytes of anonymous memory: {e}");
-        map_errno(&e)
+        e.errno()
     })?;
     Ok(insert(Served {
         region: Mapped::Rw(region),
@@ -681,7 +681,7 @@ fn serve(
             t.offset,
             t.offset + t.len as u64
         );
-        map_errno(&e)
+        e.errno()
     })?;
     Ok(insert(Served {
         region,
@@ -695,19 +695,6 @@ fn serve(
         private: t.private,
         anon: None,
     }))
-}
-
-/// The errno an `mmap` caller gets for `e`.
-fn map_errno(e: &MapError) -> c_int {
-    match e {
-        MapError::FileInUse { .. } | MapError::Overlaps { .. } => libc::EBUSY,
-        MapError::AddressInUse { .. } => libc::EEXIST,
-        MapError::Sys(s) => s.errno,
-        MapError::Unaligned { .. } | MapError::UnalignedAddress { .. } | MapError::ZeroLength => {
-            libc::EINVAL
-        }
-        _ => libc::ENOMEM,
-    }
 }
 
 /// Before a `MAP_FIXED` mapping over `range`: served mappings wholly inside

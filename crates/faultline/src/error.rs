@@ -275,6 +275,32 @@ pub enum MapError {
     Sys(#[from] SysError),
 }
 
+impl MapError {
+    /// The errno a C caller gets for this error — what `mmap(2)` sets for
+    /// the same cause: `EINVAL` for a bad argument, `EOVERFLOW` for an
+    /// offset past what a file offset holds, `ENOMEM` for a length the
+    /// address space cannot hold, `EEXIST` for an address in use, `EACCES`
+    /// for a store that cannot keep writes, `EBUSY` for an object range
+    /// mapped elsewhere, `EOPNOTSUPP` without transparent huge pages, the
+    /// call's own for a failed system call. The C API, the Umap drop-in and
+    /// the preload library all report this one.
+    pub fn errno(&self) -> i32 {
+        match self {
+            MapError::Sys(s) => s.errno,
+            MapError::AddressInUse { .. } => libc::EEXIST,
+            MapError::TooLarge { .. } => libc::ENOMEM,
+            MapError::ReadOnlyStore => libc::EACCES,
+            MapError::FileInUse { .. } | MapError::Overlaps { .. } => libc::EBUSY,
+            MapError::OffsetOverflow { .. } => libc::EOVERFLOW,
+            MapError::NoHugePages => libc::EOPNOTSUPP,
+            MapError::SigbusBlocked
+            | MapError::ZeroLength
+            | MapError::Unaligned { .. }
+            | MapError::UnalignedAddress { .. } => libc::EINVAL,
+        }
+    }
+}
+
 /// Who holds a file range that [`MapError::FileInUse`] refuses to map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -428,4 +454,50 @@ pub enum BudgetError {
         /// The budget now.
         reached: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_error_reports_the_errno_mmap_would() {
+        let in_use = MapError::FileInUse {
+            start: 0,
+            end: 4096,
+            writable: true,
+            device: 1,
+            inode: 2,
+            holder: FileHolder::Lock {
+                pid: None,
+                start: 0,
+                end: None,
+                writable: true,
+            },
+        };
+        let overlaps = MapError::Overlaps {
+            start: 0,
+            end: 1,
+            other_start: 0,
+            other_end: 1,
+        };
+        let cases = [
+            (in_use, libc::EBUSY),
+            (overlaps, libc::EBUSY),
+            (MapError::ZeroLength, libc::EINVAL),
+            (MapError::ReadOnlyStore, libc::EACCES),
+            (MapError::TooLarge { len: usize::MAX }, libc::ENOMEM),
+            (MapError::AddressInUse { addr: 0, len: 1 }, libc::EEXIST),
+            (
+                MapError::OffsetOverflow {
+                    offset: u64::MAX,
+                    len: 1,
+                },
+                libc::EOVERFLOW,
+            ),
+        ];
+        for (e, errno) in cases {
+            assert_eq!(e.errno(), errno, "{e}");
+        }
+    }
 }

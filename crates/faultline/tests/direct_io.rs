@@ -156,7 +156,8 @@ fn polled_and_sleeping_direct_reads_give_every_byte_from_many_threads() {
                 }
             });
             check_all(&r, &data);
-            assert!(mm.take_error().is_none(), "{mode:?} poll {spin:?}");
+            let error = mm.take_error();
+            assert!(error.is_none(), "{mode:?} poll {spin:?}: {error:?}");
         }
     }
 }

@@ -168,7 +168,8 @@ fn a_hundred_thousand_regions_map_and_drop_fast() {
     drop(regions);
     let drop_time = t.elapsed();
     assert_eq!(mm.regions(), 0);
-    assert!(mm.take_error().is_none(), "{:?}", mm.take_error());
+    let error = mm.take_error();
+    assert!(error.is_none(), "{error:?}");
     // The file regions wrote their word back when they were dropped.
     let after = std::fs::read(&path).expect("read the file");
     for f in 0..files {

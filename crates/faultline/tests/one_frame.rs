@@ -138,9 +138,6 @@ fn two_frames_serve_an_instant_store_walked_in_order() {
             assert_eq!(r.load_u64(p * 4096).expect("read back"), mix(p), "page {p}");
         }
     }
-    assert!(
-        mm.take_error().is_none(),
-        "a fault failed: {:?}",
-        mm.take_error()
-    );
+    let error = mm.take_error();
+    assert!(error.is_none(), "a fault failed: {error:?}");
 }

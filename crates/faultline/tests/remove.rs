@@ -226,7 +226,8 @@ fn drops_racing_faults_on_2m_pages(mode: faultline::FaultMode) {
         "{rounds} rounds, {} pages dropped mid-move: {st}",
         st.move_dropped
     );
-    assert!(mm.take_error().is_none(), "{:?}", mm.take_error());
+    let error = mm.take_error();
+    assert!(error.is_none(), "{error:?}");
     assert_eq!(st.poisoned, 0, "{st}");
 }
 

@@ -160,13 +160,7 @@ fn open_store(fd: c_int, offset: u64, writable: bool) -> Result<faultline::store
 }
 
 fn map_failure(e: MapError) -> Failure {
-    let errno = match &e {
-        MapError::Sys(s) => s.errno,
-        MapError::AddressInUse { .. } => libc::EEXIST,
-        MapError::TooLarge { .. } => libc::ENOMEM,
-        _ => libc::EINVAL,
-    };
-    Failure(errno, e.to_string())
+    Failure(e.errno(), e.to_string())
 }
 
 /// Writes the region holding `addr` back to its file and unmaps it (the
