@@ -160,6 +160,71 @@ impl BenchOpts {
     }
 }
 
+impl BenchOpts {
+    /// These options as a child's command line (`faultline ooc-child`
+    /// flattens `BenchOpts` too), every one the parent set but `--json`
+    /// and `--quick`: a child builds the manager the parent's options ask
+    /// for. Destructured whole, so an option added here and not passed on
+    /// does not compile.
+    pub(crate) fn child_args(&self) -> Vec<String> {
+        let BenchOpts {
+            json: _,
+            quick: _,
+            workers,
+            spare_servers,
+            fault_locks,
+            cpus,
+            exclusive_wake,
+            no_pin,
+            spin_us,
+            fault_around,
+            no_pcp,
+            pcp_batch,
+            pcp_high,
+            migrate_chunk,
+            no_publish,
+            no_removals,
+            fill_model,
+        } = self;
+        let counts = [
+            ("--workers", *workers),
+            ("--spare-servers", *spare_servers),
+            ("--fault-locks", *fault_locks),
+            ("--cpus", *cpus),
+            ("--spin-us", spin_us.map(|n| n as usize)),
+            ("--fault-around", *fault_around),
+            ("--pcp-batch", *pcp_batch),
+            ("--pcp-high", *pcp_high),
+            ("--migrate-chunk", *migrate_chunk),
+        ];
+        let switches = [
+            ("--exclusive-wake", *exclusive_wake),
+            ("--no-pin", *no_pin),
+            ("--no-pcp", *no_pcp),
+            ("--no-publish", *no_publish),
+            ("--no-removals", *no_removals),
+        ];
+        let model = fill_model.map(|m| {
+            let name = clap::ValueEnum::to_possible_value(&m)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default();
+            ["--fill-model".to_string(), name]
+        });
+        counts
+            .into_iter()
+            .filter_map(|(flag, v)| v.map(|n| [flag.to_string(), n.to_string()]))
+            .flatten()
+            .chain(
+                switches
+                    .into_iter()
+                    .filter(|&(_, on)| on)
+                    .map(|(flag, _)| flag.to_string()),
+            )
+            .chain(model.into_iter().flatten())
+            .collect()
+    }
+}
+
 /// Thread counts for a sweep on `cpus` CPUs: 1, 2, 4, ... up to twice the
 /// CPUs (the last one `2 x cpus` even when that is not a power of two).
 pub fn thread_sweep(cpus: usize) -> Vec<usize> {

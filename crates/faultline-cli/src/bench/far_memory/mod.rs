@@ -21,7 +21,7 @@ mod raw;
 mod swap;
 
 use super::cgroup;
-use super::out_of_core::{run_args, server_args};
+use super::out_of_core::run_args;
 use super::{progress, BenchOpts};
 use crate::report::Report;
 use anyhow::Context;
@@ -89,7 +89,7 @@ impl Setup {
             ops,
             secs,
             file,
-            servers: server_args(&o.common),
+            servers: o.common.child_args(),
         })
     }
 

@@ -7,13 +7,13 @@
 //! (untimed), runs the pattern, and prints one JSON line: ops/s, its peak
 //! RSS (`VmHWM`), and for faultline its fault service time, its fault
 //! locks' waits and the events its spare servers served. faultline's
-//! manager takes the parent's `--workers`, `--spare-servers`, `--cpus` and
-//! `--fault-locks` ([`server_args`]).
+//! manager takes every manager option the parent bench was given
+//! ([`crate::bench::BenchOpts::child_args`]).
 
 use crate::bench::rng;
 use anyhow::bail;
 use faultline::store::{File, FileOptions, Redis, RedisCluster, RedisOptions};
-use faultline::{Config, FaultMode, ManagerBuilder, MapOptions};
+use faultline::{FaultMode, ManagerBuilder, MapOptions};
 use faultline::{Manager, Store};
 use faultline_sys::mem::Advice;
 use serde_json::json;
@@ -56,47 +56,15 @@ pub struct ChildArgs {
     /// Redis URL (`redis`) or comma-separated node URLs (`redis-cluster`).
     #[arg(long, default_value = "")]
     pub url: String,
-    /// faultline's fault workers (default: `Config`'s).
-    #[arg(long)]
-    pub workers: Option<usize>,
-    /// faultline's spare servers (default: `Config`'s).
-    #[arg(long)]
-    pub spare_servers: Option<usize>,
-    /// The CPUs faultline's manager is sized for (default: the machine's).
-    #[arg(long)]
-    pub cpus: Option<usize>,
-    /// faultline's fault-lock table size (default: `Config::lock_table`).
-    #[arg(long)]
-    pub fault_locks: Option<usize>,
-    /// How faultline puts filled 4 KiB pages in (default: `Config`'s).
-    #[arg(long, value_enum)]
-    pub fill_model: Option<crate::bench::FillModelArg>,
-}
-
-/// The child's `--workers`, `--spare-servers`, `--cpus`, `--fault-locks`
-/// and `--fill-model` for what the parent's command line set of them.
-pub(crate) fn server_args(common: &crate::bench::BenchOpts) -> Vec<String> {
-    [
-        ("--workers", common.workers),
-        ("--spare-servers", common.spare_servers),
-        ("--cpus", common.cpus),
-        ("--fault-locks", common.fault_locks),
-    ]
-    .into_iter()
-    .filter_map(|(flag, v)| v.map(|n| [flag.to_string(), n.to_string()]))
-    .flatten()
-    .chain(common.fill_model.into_iter().flat_map(|m| {
-        let name = clap::ValueEnum::to_possible_value(&m)
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default();
-        ["--fill-model".to_string(), name]
-    }))
-    .collect()
+    /// faultline's manager: the parent bench's options
+    /// ([`crate::bench::BenchOpts::child_args`]).
+    #[command(flatten)]
+    pub opts: crate::bench::BenchOpts,
 }
 
 /// The arguments a parent gives every child of its run besides the row's
 /// own: faultline's budget, the threads, the caps on ops and seconds, and
-/// `servers` ([`server_args`]).
+/// `servers` (the parent's manager options, [`crate::bench::BenchOpts::child_args`]).
 pub(crate) fn run_args(
     budget: usize,
     threads: usize,
@@ -225,7 +193,7 @@ fn manager(a: &ChildArgs) -> anyhow::Result<Manager> {
     let (budget, mode) = (a.budget, a.mode.as_str());
     // 4 KiB pages only: the whole budget as a small-page zone (no THP
     // splits on the way; docs/design.md measures both).
-    let mut config = Config::default();
+    let mut config = a.opts.config();
     config.budget = budget;
     config.small_zone_pct = SMALL_ZONE_PCT;
     config.fault_mode = match mode {
@@ -233,16 +201,6 @@ fn manager(a: &ChildArgs) -> anyhow::Result<Manager> {
         "in-thread" => FaultMode::InThread,
         other => bail!("--mode {other}: workers or in-thread"),
     };
-    crate::bench::shape(
-        &mut config,
-        a.cpus,
-        a.workers,
-        a.spare_servers,
-        a.fault_locks,
-    );
-    if let Some(m) = a.fill_model {
-        config.fill_model = m.into();
-    }
     Ok(ManagerBuilder::from_config(config).build()?)
 }
 

@@ -23,8 +23,8 @@
 mod child;
 mod device;
 
+pub(crate) use child::run_args;
 pub use child::{child, ChildArgs};
-pub(crate) use child::{run_args, server_args};
 
 use super::cgroup::{self, drop_caches};
 use super::{progress, BenchOpts};
@@ -131,7 +131,7 @@ struct Setup {
     secs: f64,
     threads: usize,
     /// faultline's servers and CPUs, as the command line set them
-    /// (`child::server_args`).
+    /// (`BenchOpts::child_args`).
     servers: Vec<String>,
 }
 
@@ -154,7 +154,7 @@ impl Setup {
             ops,
             secs,
             threads: o.threads.max(1),
-            servers: server_args(&o.common),
+            servers: o.common.child_args(),
         })
     }
 
@@ -445,19 +445,62 @@ mod tests {
         sizes(&cli.o, 64 << 20).map(|(l, b, d)| (l >> 20, b >> 20, d >> 20))
     }
 
+    /// The hidden child command, parsed as `faultline ooc-child` is.
+    #[derive(Parser)]
+    struct ChildCli {
+        #[command(flatten)]
+        a: ChildArgs,
+    }
+
     #[test]
-    fn the_children_get_the_servers_and_fill_model_asked_for() {
-        let args = ["t", "--workers", "3", "--fill-model", "move"];
-        let cli = Cli::try_parse_from(args).expect("parse");
-        assert_eq!(
-            server_args(&cli.o.common),
-            ["--workers", "3", "--fill-model", "move"]
-        );
-        let cli = Cli::try_parse_from(["t"]).expect("parse");
-        assert!(
-            server_args(&cli.o.common).is_empty(),
-            "defaults pass nothing"
-        );
+    fn a_child_builds_the_manager_its_parent_was_asked_for() {
+        let child_config = |parent: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("t").chain(parent.iter().copied()))
+                .expect("parent options");
+            let passed = cli.o.common.child_args();
+            let own = ["t", "--system", "faultline", "--file", "f", "--budget", "1"];
+            let more = ["--pattern", "random-read", "--threads", "1", "--ops", "1"];
+            let args = own.iter().chain(&more).chain(&["--secs", "1"]);
+            let args = args.map(|s| s.to_string()).chain(passed.iter().cloned());
+            let child = ChildCli::try_parse_from(args).expect("child options");
+            let (p, c) = (cli.o.common.config(), child.a.opts.config());
+            (format!("{p:?}"), format!("{c:?}"), passed)
+        };
+        let every = [
+            "--workers",
+            "3",
+            "--spare-servers",
+            "5",
+            "--fault-locks",
+            "128",
+            "--cpus",
+            "16",
+            "--exclusive-wake",
+            "--no-pin",
+            "--spin-us",
+            "30",
+            "--fault-around",
+            "1",
+            "--no-pcp",
+            "--pcp-batch",
+            "7",
+            "--pcp-high",
+            "70",
+            "--migrate-chunk",
+            "65536",
+            "--no-publish",
+            "--no-removals",
+            "--fill-model",
+            "move",
+            "--quick",
+            "--json",
+        ];
+        let (parent, child, passed) = child_config(&every);
+        assert_eq!(parent, child, "every manager option reaches the child");
+        assert!(!passed.iter().any(|a| a == "--quick" || a == "--json"));
+        let (parent, child, passed) = child_config(&[]);
+        assert_eq!(parent, child);
+        assert!(passed.is_empty(), "defaults pass nothing: {passed:?}");
     }
 
     #[test]
