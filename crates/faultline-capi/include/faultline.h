@@ -241,6 +241,17 @@ int32_t fl_region_flush(const struct fl_region *r);
 // `r` is a live region.
 int64_t fl_region_prefetch(const struct fl_region *r, uint64_t offset, uint64_t len);
 
+// Declares how the program will touch the region, with `madvise(2)`'s
+// own values: `MADV_NORMAL` (streams detected), `MADV_RANDOM` (each
+// fault maps its page alone: no read-ahead, no fault-around) or
+// `MADV_SEQUENTIAL` (the largest read-ahead window from a stream's first
+// fault); the whole region takes it. Returns 0, or -EINVAL for any other
+// advice.
+//
+// # Safety
+// `r` is a live region.
+int32_t fl_region_advise(const struct fl_region *r, int32_t advice);
+
 // Maps bytes `[offset, offset + len)` now and pins them: reclaim passes
 // over them until `fl_region_unpin` or the region is freed. Returns the
 // pages mapped, or a negative errno.

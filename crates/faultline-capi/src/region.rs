@@ -9,7 +9,9 @@
 use crate::error::{guard, status, Failure};
 use crate::manager::{fl_manager, manager};
 use crate::store::{fl_store_ops, CStore};
-use faultline::{Discard, FaultError, MapError, MapOptions, PageSize, ReadOnly, Region, Store};
+use faultline::{
+    AccessPattern, Discard, FaultError, MapError, MapOptions, PageSize, ReadOnly, Region, Store,
+};
 use std::ops::Range;
 use std::os::fd::BorrowedFd;
 
@@ -279,6 +281,34 @@ pub unsafe extern "C" fn fl_region_prefetch(r: *const fl_region, offset: u64, le
             n.map(|n| n as i64).map_err(fault_failure)
         },
     )
+}
+
+/// Declares how the program will touch the region, with `madvise(2)`'s
+/// own values: `MADV_NORMAL` (streams detected), `MADV_RANDOM` (each
+/// fault maps its page alone: no read-ahead, no fault-around) or
+/// `MADV_SEQUENTIAL` (the largest read-ahead window from a stream's first
+/// fault); the whole region takes it. Returns 0, or -EINVAL for any other
+/// advice.
+///
+/// # Safety
+/// `r` is a live region.
+#[no_mangle]
+pub unsafe extern "C" fn fl_region_advise(r: *const fl_region, advice: i32) -> i32 {
+    status(|| {
+        let pattern = match advice {
+            libc::MADV_NORMAL => AccessPattern::Normal,
+            libc::MADV_RANDOM => AccessPattern::Random,
+            libc::MADV_SEQUENTIAL => AccessPattern::Sequential,
+            other => {
+                return Err(Failure::invalid(format!(
+                    "advice {other}: MADV_NORMAL, MADV_RANDOM or MADV_SEQUENTIAL"
+                )))
+            }
+        };
+        // SAFETY: per the contract.
+        either!(unsafe { region(r) }?, x => x.advise(pattern));
+        Ok(())
+    })
 }
 
 /// Maps bytes `[offset, offset + len)` now and pins them: reclaim passes

@@ -38,7 +38,9 @@ use crate::anonymous::AnonKind;
 use crate::config::settings;
 use crate::private_file::{PrivateBacking, PrivateFile};
 use crate::program_file::ProgramFile;
-use faultline::{Discard, FaultError, Manager, MapOptions, ReadOnly, Region, StoreError};
+use faultline::{
+    AccessPattern, Discard, FaultError, Manager, MapOptions, ReadOnly, Region, StoreError,
+};
 use faultline_sys::interpose::{self, FdFacts};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
@@ -214,6 +216,16 @@ impl Served {
             Mapped::Ro(r) => r.is_resident(at),
         }
         .unwrap_or(false)
+    }
+
+    /// Declares the whole mapping's access pattern (`MADV_RANDOM`,
+    /// `MADV_SEQUENTIAL`, `MADV_NORMAL`): a region keeps one, where the
+    /// kernel would split the mapping at the advised range.
+    pub(crate) fn advise(&self, pattern: AccessPattern) {
+        match &self.region {
+            Mapped::Rw(r) => r.advise(pattern),
+            Mapped::Ro(r) => r.advise(pattern),
+        }
     }
 
     pub(crate) fn prefetch(&self, range: Range<usize>) -> Result<usize, FaultError> {
@@ -949,6 +961,18 @@ fn advise_served(s: &Served, cut: Range<usize>, advice: c_int) -> Result<(), c_i
     match advice {
         libc::MADV_WILLNEED => {
             let _ = s.prefetch(cut);
+            Ok(())
+        }
+        libc::MADV_RANDOM => {
+            s.advise(AccessPattern::Random);
+            Ok(())
+        }
+        libc::MADV_SEQUENTIAL => {
+            s.advise(AccessPattern::Sequential);
+            Ok(())
+        }
+        libc::MADV_NORMAL => {
+            s.advise(AccessPattern::Normal);
             Ok(())
         }
         libc::MADV_DONTNEED if !s.writable() => {

@@ -1,7 +1,7 @@
 //! A preloaded program's life around its mappings: `fork()` (a child that
 //! execs is unaffected; a child that touches an inherited served mapping
 //! gets SIGSEGV, as documented), a normal exit (writable mappings written
-//! back, the stats file removed), and settings that cannot be used (one
+//! back, the stats file removed), `madvise` access patterns, and settings that cannot be used (one
 //! line on stderr, and the program runs on the kernel's mmap).
 
 mod common;
@@ -43,6 +43,53 @@ fn forked_children_and_exit_leave_the_mapping_and_nothing_else() {
         "the program left stats files: {:?}",
         stats_files_of(ran.pid)
     );
+}
+
+/// `madvise(MADV_RANDOM)` turns a served mapping's read-ahead off (a
+/// fault a page), `MADV_SEQUENTIAL` reads the largest window from the
+/// first fault: a pass over the file in order with each advice.
+#[test]
+fn madvise_sets_a_served_mappings_access_pattern() {
+    need_root();
+    let dir = Scratch::new("advise");
+    let exe = compile_c(&dir, "advise");
+    let pages = 2048usize;
+    let file = dir.join("data.bin");
+    let data: Vec<u8> = (0..pages * PAGE)
+        .map(|b| ((b / PAGE * 7 + b % PAGE) % 251) as u8)
+        .collect();
+    std::fs::write(&file, &data).expect("writing the file");
+    let faults = |advice: &str| {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(&file).arg(pages.to_string()).arg(advice);
+        preload(&mut cmd, &file.display().to_string(), "64M");
+        let ran = run(advice, &mut cmd, Duration::from_secs(120));
+        ran.expect_success(advice);
+        assert!(
+            ran.stdout_text().contains("advise ok"),
+            "{advice}: {}",
+            ran.stdout_text()
+        );
+        let report = ran.report(advice);
+        assert_eq!(report.regions, 1, "{advice}: not served: {}", ran.stderr);
+        report.faults
+    };
+    let (none, random, sequential) = (faults("none"), faults("random"), faults("sequential"));
+    assert_eq!(random, pages as u64, "MADV_RANDOM: a fault a page");
+    assert!(
+        none < pages as u64 / 8,
+        "no advice: read-ahead finds the walk ({none} faults)"
+    );
+    assert!(
+        sequential < none,
+        "MADV_SEQUENTIAL: the largest window at once ({sequential} faults, {none} without)"
+    );
+    let normal = faults("normal");
+    assert!(
+        normal < pages as u64 / 8,
+        "MADV_NORMAL: read-ahead as without advice ({normal} faults)"
+    );
+    println!("faults over {pages} pages: none {none}, random {random}, sequential {sequential}, normal {normal}");
 }
 
 #[test]

@@ -60,8 +60,8 @@ mod writeback;
 
 pub use api::{Access, Manager, ManagerBuilder, ReadOnly, ReadWrite, Region};
 pub use config::{
-    Config, ConfigError, CopyMethod, Experiment, FaultMode, FillModel, FillOrder, LockMode,
-    LookupCache, MapOptions, PageSize, PoolSpec,
+    AccessPattern, Config, ConfigError, CopyMethod, Experiment, FaultMode, FillModel, FillOrder,
+    LockMode, LookupCache, MapOptions, PageSize, PoolSpec,
 };
 pub use discard::Discard;
 pub use error::{AddrError, BudgetError, BuildError, FaultError, FileHolder, MapError};

@@ -175,6 +175,67 @@ fn sequential_reads_read_ahead() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A sequential pass over a 4 MiB file region with each declared access
+/// pattern (one manager each): its faults and read-ahead runs. Also a walk
+/// over a zero-filled region: the pages mapped around its faults.
+#[test]
+fn the_declared_access_pattern_sets_read_ahead_and_fault_around() {
+    use faultline::AccessPattern;
+    let data = pattern(4 * MIB, 17);
+    let (_dir, path) = scratch("access", &data);
+    let pass = |pattern: AccessPattern, advise_later: bool| {
+        let mm = manager();
+        let opts = MapOptions::new().access(if advise_later {
+            AccessPattern::Normal
+        } else {
+            pattern
+        });
+        let file = File::open(&path, FileOptions::new()).expect("open");
+        let r = mm.map_read_only(4 * MIB, file, opts).expect("map");
+        if advise_later {
+            r.advise(pattern);
+        }
+        assert_eq!(r.access_pattern(), pattern);
+        for p in 0..1024 {
+            assert_eq!(
+                byte(&r, p * 4096 + 5),
+                data[p * 4096 + 5],
+                "{pattern:?} page {p}"
+            );
+        }
+        let file_stats = mm.stats();
+        let zero = mm
+            .map(
+                MIB,
+                faultline::store::Zero,
+                MapOptions::new().access(pattern),
+            )
+            .expect("map zero");
+        for p in 0..256 {
+            set_byte(&zero, p * 4096, 1);
+        }
+        let around = mm.stats().fault_around_pages;
+        (file_stats, around)
+    };
+    let (random, random_around) = pass(AccessPattern::Random, false);
+    assert_eq!(random.readaheads, 0, "{random}");
+    assert_eq!(random.faults(), 1024, "each page its own fault: {random}");
+    assert_eq!(random_around, 0, "no fault-around: {random}");
+    let (advised, _) = pass(AccessPattern::Random, true);
+    assert_eq!(advised.faults(), 1024, "advise() after the map: {advised}");
+    let (normal, normal_around) = pass(AccessPattern::Normal, false);
+    assert!(normal.readaheads > 0 && normal.faults() < 256, "{normal}");
+    assert!(normal_around > 0, "a walk maps around its faults: {normal}");
+    let (sequential, _) = pass(AccessPattern::Sequential, false);
+    assert!(
+        sequential.faults() < normal.faults(),
+        "the largest window from the first fault: {} faults against {} unhinted: {sequential}",
+        sequential.faults(),
+        normal.faults()
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn the_next_window_is_mapped_before_the_stream_reaches_it() {
     for mode in [

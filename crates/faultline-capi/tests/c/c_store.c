@@ -4,6 +4,7 @@
  * word through the mapping and in the store after a flush, the stats, the
  * store's release, and error returns. Usage: c_store */
 #include <faultline.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include "common.h"
 
@@ -67,6 +68,10 @@ int main(void) {
   CHECK(fl_region_len(r) == REGION, "len");
   unsigned char* base = fl_region_addr(r);
   CHECK(fl_region_prefetch(r, REGION, BLOCK) == -EINVAL, "prefetch past the end");
+  CHECK(fl_region_advise(r, MADV_RANDOM) == 0, "advise random: %s", fl_last_error());
+  CHECK(fl_region_advise(r, MADV_DONTNEED) == -EINVAL && strstr(fl_last_error(), "MADV_RANDOM"),
+        "advise DONTNEED is not an access pattern");
+  CHECK(fl_region_advise(r, MADV_NORMAL) == 0, "advise normal");
 
   for (int round = 0; round < 2; round++)
     for (uint64_t b = 0; b < REGION / BLOCK; b++) {

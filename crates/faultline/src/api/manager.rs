@@ -247,7 +247,7 @@ impl Manager {
         let store: Arc<dyn Store> = Arc::new(Guarded(store));
         let inner = Arc::new(
             RegionInner::new(id, map, page, store, window, opts.pinned)
-                .with_streams(core.config.readahead_streams())
+                .with_read_ahead(core.config.readahead_streams(), opts.access)
                 .with_fingerprints(&core.fps)
                 .counting_overhead(&core.overhead_sum),
         );

@@ -15,7 +15,7 @@
 
 use super::access;
 use super::service::Service;
-use crate::config::PageSize;
+use crate::config::{AccessPattern, PageSize};
 use crate::discard::Discard;
 use crate::error::{AddrError, FaultError};
 use crate::fault::{prefetch_page, Resolution};
@@ -193,6 +193,22 @@ impl<A: Access> Region<A> {
             }
         }
         Ok(mapped)
+    }
+
+    /// Declares how the program will touch the region from now on, as
+    /// `madvise(2)` with `MADV_RANDOM`, `MADV_SEQUENTIAL` or `MADV_NORMAL`
+    /// tells the kernel ([`AccessPattern`]: `Random` maps each faulting
+    /// page alone; `Sequential` reads the largest window ahead from a
+    /// stream's first fault). The whole region takes the pattern; faults
+    /// already being served finish as they began.
+    pub fn advise(&self, pattern: AccessPattern) {
+        self.inner.read_ahead.set_pattern(pattern);
+    }
+
+    /// The access pattern declared ([`MapOptions::access`](crate::MapOptions::access),
+    /// [`Region::advise`]).
+    pub fn access_pattern(&self) -> AccessPattern {
+        self.inner.read_ahead.pattern()
     }
 
     /// Gives the pages of bytes `range` back: their frames return to the

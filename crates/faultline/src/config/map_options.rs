@@ -1,5 +1,5 @@
 //! [`MapOptions`]: the per-region options (page size, pinning, a fixed
-//! address). Plain data, no locks.
+//! address, the access pattern). Plain data, no locks.
 
 use super::PageSize;
 
@@ -9,6 +9,39 @@ pub struct MapOptions {
     pub(crate) page_size: PageSize,
     pub(crate) pinned: bool,
     pub(crate) fixed: Option<Fixed>,
+    pub(crate) access: AccessPattern,
+}
+
+/// How a program will touch a region, as it would tell the kernel with
+/// `madvise(2)`: what read-ahead and fault-around do on its faults
+/// ([`MapOptions::access`], [`crate::Region::advise`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum AccessPattern {
+    /// No hint (the default): a fault that continues a sequential stream
+    /// reads ahead, its window doubling with each fault of the stream up
+    /// to [`crate::Config::readahead_max`]; a touch that continues a walk
+    /// of a zero-filled region maps its neighbours too (fault-around).
+    #[default]
+    Normal = 0,
+    /// Random touches (`MADV_RANDOM`): each fault maps its page alone —
+    /// no read-ahead, no fault-around — so no frame is spent on pages the
+    /// program will not touch soon.
+    Random = 1,
+    /// Sequential touches (`MADV_SEQUENTIAL`): a stream reads the largest
+    /// window ([`crate::Config::readahead_max`]) from its first fault.
+    Sequential = 2,
+}
+
+impl AccessPattern {
+    /// The pattern stored as `v` (`as u8`); anything else is `Normal`.
+    pub(crate) fn from_u8(v: u8) -> AccessPattern {
+        match v {
+            1 => AccessPattern::Random,
+            2 => AccessPattern::Sequential,
+            _ => AccessPattern::Normal,
+        }
+    }
 }
 
 /// Where a region must be placed ([`MapOptions::at`]).
@@ -32,7 +65,16 @@ impl MapOptions {
             page_size: PageSize::Base4K,
             pinned: false,
             fixed: None,
+            access: AccessPattern::Normal,
         }
+    }
+
+    /// Declares how the program will touch the region
+    /// ([`AccessPattern`]; default `Normal`); [`crate::Region::advise`]
+    /// changes it later.
+    pub fn access(mut self, pattern: AccessPattern) -> Self {
+        self.access = pattern;
+        self
     }
 
     /// Sets the page size. A region's length must be a multiple of it:

@@ -16,7 +16,7 @@ mod sizing;
 pub use experiment::{CopyMethod, Experiment, FillOrder, LockMode, LookupCache};
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
 pub(crate) use map_options::Fixed;
-pub use map_options::MapOptions;
+pub use map_options::{AccessPattern, MapOptions};
 
 /// Size of the pages of one region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

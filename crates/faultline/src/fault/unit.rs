@@ -14,7 +14,7 @@
 //! never waited for (no lock order matters), and handed back in `guards`.
 
 use super::Fault;
-use crate::config::PageSize;
+use crate::config::{AccessPattern, PageSize};
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::fill::{self, FillSource};
@@ -202,6 +202,9 @@ fn fault_around(
     if attempt > 0 || !region.store.is_zero() {
         return None;
     }
+    if region.read_ahead.pattern() == AccessPattern::Random {
+        return None;
+    }
     if core.alloc.free_hint() <= core.alloc.pages_in(0) / 4 {
         return None;
     }
@@ -234,7 +237,7 @@ fn readahead<'a>(
     // the one mapped ahead of it) would take most of the frames.
     let pool_cap = 1usize << (core.alloc.pages_in(0) / 8).max(1).ilog2();
     let max = core.config.readahead_max.min(pool_cap);
-    let window = region.readahead(page, max, how.ahead);
+    let window = region.read_ahead.window(page, max, how.ahead);
     let (d0, k0) = region.lock_key(page);
     let mut mine = vec![core.locks.index(d0, k0)];
     let n = region.lock_run(&core.locks, page, window, &mut mine, guards, |p| {

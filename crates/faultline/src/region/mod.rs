@@ -27,11 +27,12 @@ mod cost;
 mod held;
 mod leaf;
 mod pins;
+mod readahead;
 mod states;
 pub mod table;
 mod tree;
 
-use crate::config::PageSize;
+use crate::config::{AccessPattern, PageSize};
 use crate::dirty::Fingerprints;
 use crate::store::Store;
 use faultline_sys::mem::Mapping;
@@ -109,17 +110,9 @@ pub struct RegionInner {
     pub(crate) pins: pins::Pins,
     /// Pages the kernel recently would not let reclaim move out.
     pub(crate) held: held::Held,
-    /// Read-ahead streams: `(last faulting page, window)`, most recently
-    /// continued first, so that threads each reading sequentially are each
-    /// recognized — as many as [`crate::Config::readahead_streams`] (a
-    /// table smaller than the streams forgets every one before its next
-    /// fault: 8 readers over 4 slots got no read-ahead at all). A leaf
-    /// mutex, taken only on faults of store-backed regions.
-    streams: parking_lot::Mutex<Vec<(usize, usize)>>,
+    /// Read-ahead: the streams remembered, the declared access pattern.
+    pub(crate) read_ahead: readahead::ReadAhead,
 }
-
-/// Read-ahead streams a region remembers at least.
-const MIN_STREAMS: usize = 4;
 
 impl RegionInner {
     pub(crate) fn new(
@@ -145,13 +138,14 @@ impl RegionInner {
             pinned,
             pins: pins::Pins::default(),
             held: held::Held::default(),
-            streams: parking_lot::Mutex::new(vec![(usize::MAX, 1); MIN_STREAMS]),
+            read_ahead: readahead::ReadAhead::new(0, AccessPattern::Normal),
         }
     }
 
-    /// Remembers `n` read-ahead streams (at least [`MIN_STREAMS`]).
-    pub(crate) fn with_streams(self, n: usize) -> RegionInner {
-        *self.streams.lock() = vec![(usize::MAX, 1); n.max(MIN_STREAMS)];
+    /// Remembers `n` read-ahead streams, `pattern` declared
+    /// ([`readahead::ReadAhead`]).
+    pub(crate) fn with_read_ahead(mut self, n: usize, pattern: AccessPattern) -> RegionInner {
+        self.read_ahead = readahead::ReadAhead::new(n, pattern);
         self
     }
 
@@ -378,38 +372,6 @@ impl RegionInner {
         n
     }
 
-    /// Notes a fault on `page` and returns the read-ahead window for it (1:
-    /// none): a fault after a stream's last fault and within its window
-    /// continues that stream and doubles its window, up to `max`; any other
-    /// fault starts a new stream in the least recently continued slot. (The
-    /// stream remembers the fault's page, not the window's end: a run
-    /// shorter than the window — few free frames — still leads to a fault
-    /// that continues it.) A window mapped ahead (`ahead`) only continues
-    /// a stream: one served late, after the program's own fault got there
-    /// first, must not start a stream, or its slot would push out a live
-    /// one, whose next fault would start again from one page.
-    pub(crate) fn readahead(&self, page: usize, max: usize, ahead: bool) -> usize {
-        let mut streams = self.streams.lock();
-        let hit = streams.iter().position(|&(last, win)| {
-            last != usize::MAX && page > last && page <= last.saturating_add(win)
-        });
-        match hit {
-            Some(i) => {
-                let win = (streams[i].1 * 2).clamp(4, max.max(1));
-                // Most recently continued first.
-                streams[..=i].rotate_right(1);
-                streams[0] = (page, win);
-                win
-            }
-            None if ahead => 1,
-            None => {
-                streams.rotate_right(1);
-                streams[0] = (page, 1);
-                1
-            }
-        }
-    }
-
     /// Whether teardown has begun.
     pub(crate) fn dying(&self) -> bool {
         self.dying.load(Ordering::SeqCst)
@@ -444,28 +406,5 @@ mod tests {
         r.set_state(1, PageState::Gone);
         r.set_state(2, PageState::Absent);
         assert_eq!(r.holding(), 0);
-    }
-
-    #[test]
-    fn every_stream_of_a_table_as_large_keeps_its_read_ahead() {
-        let m = Mapping::anonymous(8 * 4096, 4096).expect("mmap");
-        let r = RegionInner::new(1, m, PageSize::Base4K, Arc::new(Zero), 1, false);
-        let wins = |r: &RegionInner, streams: usize| {
-            // Round robin over `streams` readers, each at its own offset.
-            let mut last = Vec::new();
-            for step in 0..6 {
-                last = (0..streams)
-                    .map(|s| r.readahead(s * 1_000_000 + step, 256, false))
-                    .collect::<Vec<_>>();
-            }
-            last
-        };
-        assert!(
-            wins(&r, 8).iter().all(|&w| w == 1),
-            "4 slots forget 8 streams"
-        );
-        let r = r.with_streams(8);
-        let w = wins(&r, 8);
-        assert!(w.iter().all(|&w| w > 1), "8 slots keep 8 streams: {w:?}");
     }
 }
