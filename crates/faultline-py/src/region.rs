@@ -17,7 +17,7 @@
 
 use crate::manager::PyManager;
 use crate::{err, sigbus};
-use faultline::{ReadOnly, Region};
+use faultline::{AccessPattern, ReadOnly, Region};
 use parking_lot::RwLock;
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -165,6 +165,27 @@ impl PyRegion {
         let m = self.mapped()?;
         py.allow_threads(|| with!(&*m, r => r.prefetch(range)))
             .map_err(|e| err("prefetch failed", e))
+    }
+
+    /// Declares how the program will touch the region, as `madvise(2)`
+    /// (or `numpy.memmap`'s `madvise`) tells the kernel: `"random"` maps
+    /// each faulting page alone (no read-ahead), `"sequential"` reads the
+    /// largest window from a stream's first fault, `"normal"` finds
+    /// streams itself (the default). The whole region takes it.
+    fn advise(&self, pattern: &str) -> PyResult<()> {
+        let pattern = match pattern {
+            "normal" => AccessPattern::Normal,
+            "random" => AccessPattern::Random,
+            "sequential" => AccessPattern::Sequential,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "advise({other:?}): \"normal\", \"random\" or \"sequential\""
+                )))
+            }
+        };
+        let m = self.mapped()?;
+        with!(&*m, r => r.advise(pattern));
+        Ok(())
     }
 
     /// Flushes and unmaps. Raises `BufferError` while a view (a NumPy

@@ -257,3 +257,21 @@ def test_unservable_fault_reports_then_sigbus(scratch):
     assert "faultline: SIGBUS at 0x" in p.stderr, p.stderr
     assert "could not be served" in p.stderr
     assert "cause not recorded" not in p.stderr, p.stderr
+
+
+def test_advise_random_maps_each_page_alone(scratch):
+    path = scratch / "walk.bin"
+    path.write_bytes(bytes(range(256)) * (4 * MiB // 256))
+    counts = {}
+    for pattern in ("normal", "random", "sequential"):
+        mm = faultline.Manager(budget="16M")
+        a = faultline.open_array(path, mode="r", manager=mm)
+        a.advise(pattern)
+        assert int(a[::4096].astype(np.uint64).sum()) == 0
+        counts[pattern] = mm.stats()["faults_4k"]
+        del a
+    assert counts["random"] == 1024, counts
+    assert counts["normal"] < 256, counts
+    assert counts["sequential"] <= counts["normal"], counts
+    with pytest.raises(ValueError, match="random"):
+        faultline.Manager(budget="8M").map_zero("1M").advise("often")

@@ -82,6 +82,12 @@ class Array(_np.ndarray):
         base = self.__array_interface__["data"][0] - self.region.addr
         return self.region.prefetch(base + start * self.itemsize, base + n * self.itemsize)
 
+    def advise(self, pattern):
+        """Declares how the array will be touched: ``"random"``,
+        ``"sequential"`` or ``"normal"`` (``Region.advise``)."""
+        if self.region is not None:
+            self.region.advise(pattern)
+
     def __enter__(self):
         return self
 
