@@ -76,6 +76,14 @@ pub struct BenchOpts {
     /// `move` (`Config::fill_model`).
     #[arg(long, value_enum)]
     pub fill_model: Option<FillModelArg>,
+    /// Free memory, in % of the pool, below which the background
+    /// reclaimer starts (`Config::reclaim_low_pct`).
+    #[arg(long)]
+    pub reclaim_low_pct: Option<usize>,
+    /// Free memory, in % of the pool, the background reclaimer frees up
+    /// to (`Config::reclaim_high_pct`).
+    #[arg(long)]
+    pub reclaim_high_pct: Option<usize>,
 }
 
 /// `--fill-model`: [`faultline::FillModel`] on the command line.
@@ -156,6 +164,12 @@ impl BenchOpts {
         if let Some(m) = self.migrate_chunk {
             c.experiment.migrate_chunk = m;
         }
+        if let Some(p) = self.reclaim_low_pct {
+            c.reclaim_low_pct = p;
+        }
+        if let Some(p) = self.reclaim_high_pct {
+            c.reclaim_high_pct = p;
+        }
         c
     }
 }
@@ -185,6 +199,8 @@ impl BenchOpts {
             no_publish,
             no_removals,
             fill_model,
+            reclaim_low_pct,
+            reclaim_high_pct,
         } = self;
         let counts = [
             ("--workers", *workers),
@@ -196,6 +212,8 @@ impl BenchOpts {
             ("--pcp-batch", *pcp_batch),
             ("--pcp-high", *pcp_high),
             ("--migrate-chunk", *migrate_chunk),
+            ("--reclaim-low-pct", *reclaim_low_pct),
+            ("--reclaim-high-pct", *reclaim_high_pct),
         ];
         let switches = [
             ("--exclusive-wake", *exclusive_wake),
