@@ -75,7 +75,12 @@ fn madvise_sets_a_served_mappings_access_pattern() {
         report.faults
     };
     let (none, random, sequential) = (faults("none"), faults("random"), faults("sequential"));
-    assert_eq!(random, pages as u64, "MADV_RANDOM: a fault a page");
+    // At least a fault a page (a fault retried after a refused move counts
+    // twice).
+    assert!(
+        random >= pages as u64,
+        "MADV_RANDOM: a fault a page ({random})"
+    );
     assert!(
         none < pages as u64 / 8,
         "no advice: read-ahead finds the walk ({none} faults)"

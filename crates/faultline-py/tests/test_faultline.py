@@ -270,7 +270,7 @@ def test_advise_random_maps_each_page_alone(scratch):
         assert int(a[::4096].astype(np.uint64).sum()) == 0
         counts[pattern] = mm.stats()["faults_4k"]
         del a
-    assert counts["random"] == 1024, counts
+    assert counts["random"] >= 1024, counts  # a fault a page at least
     assert counts["normal"] < 256, counts
     assert counts["sequential"] <= counts["normal"], counts
     with pytest.raises(ValueError, match="random"):

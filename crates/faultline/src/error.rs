@@ -276,13 +276,15 @@ pub enum MapError {
 }
 
 impl MapError {
-    /// The errno a C caller gets for this error — what `mmap(2)` sets for
-    /// the same cause: `EINVAL` for a bad argument, `EOVERFLOW` for an
-    /// offset past what a file offset holds, `ENOMEM` for a length the
-    /// address space cannot hold, `EEXIST` for an address in use, `EACCES`
-    /// for a store that cannot keep writes, `EBUSY` for an object range
-    /// mapped elsewhere, `EOPNOTSUPP` without transparent huge pages, the
-    /// call's own for a failed system call. The C API, the Umap drop-in and
+    /// The errno a C caller gets for this error — where `mmap(2)` has the
+    /// same cause, what it sets: `EINVAL` for a bad argument (and for a
+    /// calling thread that blocks SIGBUS in in-thread mode), `EOVERFLOW`
+    /// for an offset past what a file offset holds, `ENOMEM` for a length
+    /// the address space cannot hold, `EEXIST` for an address in use,
+    /// `EACCES` for a store that cannot keep writes, the call's own for a
+    /// failed system call; and `EBUSY` for an object range mapped
+    /// elsewhere, `EOPNOTSUPP` for 2 MiB pages without transparent huge
+    /// pages (causes `mmap(2)` does not have). The C API, the Umap drop-in and
     /// the preload library all report this one.
     pub fn errno(&self) -> i32 {
         match self {
@@ -494,6 +496,24 @@ mod tests {
                     len: 1,
                 },
                 libc::EOVERFLOW,
+            ),
+            (MapError::NoHugePages, libc::EOPNOTSUPP),
+            (MapError::SigbusBlocked, libc::EINVAL),
+            (
+                MapError::Unaligned {
+                    len: 1,
+                    page: "4 KiB",
+                },
+                libc::EINVAL,
+            ),
+            (
+                MapError::Sys(SysError {
+                    op: "mmap",
+                    addr: 0,
+                    len: 1,
+                    errno: libc::EPERM,
+                }),
+                libc::EPERM,
             ),
         ];
         for (e, errno) in cases {

@@ -219,10 +219,16 @@ fn the_declared_access_pattern_sets_read_ahead_and_fault_around() {
     };
     let (random, random_around) = pass(AccessPattern::Random, false);
     assert_eq!(random.readaheads, 0, "{random}");
-    assert_eq!(random.faults(), 1024, "each page its own fault: {random}");
+    // At least a fault a page (a fault retried after a refused move counts
+    // twice).
+    assert!(random.faults() >= 1024, "each page its own fault: {random}");
     assert_eq!(random_around, 0, "no fault-around: {random}");
     let (advised, _) = pass(AccessPattern::Random, true);
-    assert_eq!(advised.faults(), 1024, "advise() after the map: {advised}");
+    assert_eq!(advised.readaheads, 0, "advise() after the map: {advised}");
+    assert!(
+        advised.faults() >= 1024,
+        "advise() after the map: {advised}"
+    );
     let (normal, normal_around) = pass(AccessPattern::Normal, false);
     assert!(normal.readaheads > 0 && normal.faults() < 256, "{normal}");
     assert!(normal_around > 0, "a walk maps around its faults: {normal}");

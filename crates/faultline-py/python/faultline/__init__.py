@@ -85,6 +85,9 @@ class Array(_np.ndarray):
     def advise(self, pattern):
         """Declares how the array will be touched: ``"random"``,
         ``"sequential"`` or ``"normal"`` (``Region.advise``)."""
+        if pattern not in ("normal", "random", "sequential"):
+            raise ValueError(
+                f'advise({pattern!r}): "normal", "random" or "sequential"')
         if self.region is not None:
             self.region.advise(pattern)
 

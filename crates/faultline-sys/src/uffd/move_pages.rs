@@ -16,20 +16,23 @@ impl Uffd {
     /// `[dst, dst + len)` without copying, and (unless `dontwake`) wakes the
     /// threads waiting there. A PMD-mapped huge page moves whole when both
     /// sides are 2 MiB aligned and the destination PMD is empty. A source
-    /// page with no data stops the move there ([`Resolved::SourceHole`],
-    /// with the bytes moved before it).
+    /// page with no data stops the move there: [`Resolved::SourceHole`]
+    /// when nothing moved before it, else `Retry` with the bytes moved.
     ///
     /// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES` is not offered: Linux 6.18's
     /// `move_pages()` does not reset its error after a transient `EAGAIN`
     /// (a large folio locked or split elsewhere, a page table changing), so
-    /// the next step's success leaves it at the same address; there the
-    /// page just moved is a source hole, which that flag counts as another
-    /// success — the ioctl spins in the kernel forever, holding both VMAs'
+    /// no later step advances: each pass retries the same address. Where
+    /// it just moved a page the destination is now occupied and the call
+    /// ends (`EEXIST`, a short count); but where the source has a hole there
+    /// (a page the program dropped — what the moves that allow holes are
+    /// for), that flag counts the hole as a success, the destination stays
+    /// empty, and the ioctl spins in the kernel forever, holding both VMAs'
     /// read locks (khugepaged then waits for them holding the mmap lock for
     /// writing, and every `madvise` and page fault of the process waits
-    /// behind it). Without the flag the same hole ends the call with
-    /// `ENOENT` and a short count (the bytes moved after the `EAGAIN` not
-    /// counted), which callers check against the page tables anyway.
+    /// behind it). Without the flag the hole ends the call with `ENOENT`
+    /// or `EAGAIN` and a count that may be short of what moved, which
+    /// callers check against the page tables anyway.
     ///
     /// # Safety
     /// Both ranges must be anonymous memory that the caller manages: after the

@@ -50,11 +50,10 @@ pub const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 pub const UFFDIO_POISON_MODE_DONTWAKE: u64 = 1 << 0;
 pub const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1 << 0;
 /// Never passed: on Linux 6.18 (and earlier kernels with `UFFDIO_MOVE`) a
-/// move that met a transient `EAGAIN` keeps that error while it retries the
-/// same address, so it stops advancing; with this flag the source hole it
-/// then finds (the page it has just moved) counts as a success, and the
-/// ioctl loops in the kernel forever, holding the VMAs' read locks (see
-/// [`super::Uffd::move_pages`]).
+/// move that met a transient `EAGAIN` keeps that error while it retries,
+/// so it stops advancing; with this flag a source hole at the retried
+/// address counts as a success, and the ioctl loops in the kernel forever,
+/// holding the VMAs' read locks (see [`super::Uffd::move_pages`]).
 pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 
 #[repr(C)]

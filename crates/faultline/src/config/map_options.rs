@@ -28,8 +28,10 @@ pub enum AccessPattern {
     /// no read-ahead, no fault-around — so no frame is spent on pages the
     /// program will not touch soon.
     Random = 1,
-    /// Sequential touches (`MADV_SEQUENTIAL`): a stream reads the largest
-    /// window ([`crate::Config::readahead_max`]) from its first fault.
+    /// Sequential touches (`MADV_SEQUENTIAL`): a stream of a store-backed
+    /// 4 KiB region reads the largest window
+    /// ([`crate::Config::readahead_max`], at most an eighth of the pool)
+    /// from its first fault. Other regions read no ahead, as with `Normal`.
     Sequential = 2,
 }
 

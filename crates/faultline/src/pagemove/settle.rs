@@ -186,7 +186,12 @@ pub(super) unsafe fn settle(
         }
         let pending = runs_of(&at, Place::Src);
         if pending.is_empty() && (holes == Holes::Allow || !at.contains(&Place::Neither)) {
-            Stats::bump(&core.stats.move_misreported);
+            // Where holes are allowed the first ioctl stops at the first
+            // one (`Uffd::move_pages`): ending here is the routine path,
+            // not a misreport.
+            if holes == Holes::Forbid {
+                Stats::bump(&core.stats.move_misreported);
+            }
             return finish(core, dst, len, wake);
         }
         // A refusal that is not a transient state (EINVAL: the two ranges'
@@ -201,9 +206,13 @@ pub(super) unsafe fn settle(
             unsafe { undo(core, dst, src, &at)? };
             return Err(MoveError::Refused(last));
         }
-        Stats::bump(&core.stats.move_retries);
-        core.pump_events();
-        backoff(round);
+        // The first moves of the runs around allowed holes are the
+        // routine path; anything after them is a retry.
+        if holes == Holes::Forbid || round > 0 {
+            Stats::bump(&core.stats.move_retries);
+            core.pump_events();
+            backoff(round);
+        }
         round += 1;
         // SAFETY: the caller's contract; the runs are at the source only.
         if let Some(e) = unsafe { move_runs(core, dst, src, &pending) } {

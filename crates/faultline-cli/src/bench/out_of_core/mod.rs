@@ -492,6 +492,10 @@ mod tests {
             "--no-removals",
             "--fill-model",
             "move",
+            "--reclaim-low-pct",
+            "3",
+            "--reclaim-high-pct",
+            "9",
             "--quick",
             "--json",
         ];
