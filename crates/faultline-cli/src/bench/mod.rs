@@ -104,43 +104,25 @@ impl From<FillModelArg> for faultline::FillModel {
     }
 }
 
-/// Shapes `c` as `--cpus`, `--workers`, `--spare-servers` and
-/// `--fault-locks` say (the benches' options, and their children's): the
-/// CPUs first, with the worker and spare counts they default to, then
-/// each count given. A lock table not given stays `None`, sized by CPUs
-/// and servers at build (`Config::lock_table`).
-pub(crate) fn shape(
-    c: &mut Config,
-    cpus: Option<usize>,
-    workers: Option<usize>,
-    spares: Option<usize>,
-    locks: Option<usize>,
-) {
-    if let Some(n) = cpus {
-        c.size_for_cpus(n);
-    }
-    if let Some(n) = workers {
-        c.workers = n;
-    }
-    if let Some(n) = spares {
-        c.spare_servers = n;
-    }
-    if locks.is_some() {
-        c.experiment.fault_locks = locks;
-    }
-}
-
 impl BenchOpts {
     /// The manager configuration these options ask for.
     pub fn config(&self) -> Config {
         let mut c = Config::default();
-        shape(
-            &mut c,
-            self.cpus,
-            self.workers,
-            self.spare_servers,
-            self.fault_locks,
-        );
+        // The CPUs first, with the worker and spare counts they default
+        // to, then each count given. A lock table not given stays `None`,
+        // sized by CPUs and servers at build (`Config::lock_table`).
+        if let Some(n) = self.cpus {
+            c.size_for_cpus(n);
+        }
+        if let Some(n) = self.workers {
+            c.workers = n;
+        }
+        if let Some(n) = self.spare_servers {
+            c.spare_servers = n;
+        }
+        if self.fault_locks.is_some() {
+            c.experiment.fault_locks = self.fault_locks;
+        }
         c.experiment.exclusive_wake = self.exclusive_wake;
         c.pin_workers = !self.no_pin;
         c.publish_stats = !self.no_publish;
@@ -172,9 +154,7 @@ impl BenchOpts {
         }
         c
     }
-}
 
-impl BenchOpts {
     /// These options as a child's command line (`faultline ooc-child`
     /// flattens `BenchOpts` too), every one the parent set but `--json`
     /// and `--quick`: a child builds the manager the parent's options ask
