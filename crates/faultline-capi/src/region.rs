@@ -295,16 +295,11 @@ pub unsafe extern "C" fn fl_region_prefetch(r: *const fl_region, offset: u64, le
 #[no_mangle]
 pub unsafe extern "C" fn fl_region_advise(r: *const fl_region, advice: i32) -> i32 {
     status(|| {
-        let pattern = match advice {
-            libc::MADV_NORMAL => AccessPattern::Normal,
-            libc::MADV_RANDOM => AccessPattern::Random,
-            libc::MADV_SEQUENTIAL => AccessPattern::Sequential,
-            other => {
-                return Err(Failure::invalid(format!(
-                    "advice {other}: MADV_NORMAL, MADV_RANDOM or MADV_SEQUENTIAL"
-                )))
-            }
-        };
+        let pattern = AccessPattern::from_madvise(advice).ok_or_else(|| {
+            Failure::invalid(format!(
+                "advice {advice}: MADV_NORMAL, MADV_RANDOM or MADV_SEQUENTIAL"
+            ))
+        })?;
         // SAFETY: per the contract.
         either!(unsafe { region(r) }?, x => x.advise(pattern));
         Ok(())

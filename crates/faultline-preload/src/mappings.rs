@@ -958,21 +958,13 @@ fn kernel_advise(r: Range<usize>, advice: c_int) {
 
 /// The advice for region bytes `cut` of `s`.
 fn advise_served(s: &Served, cut: Range<usize>, advice: c_int) -> Result<(), c_int> {
+    if let Some(pattern) = AccessPattern::from_madvise(advice) {
+        s.advise(pattern);
+        return Ok(());
+    }
     match advice {
         libc::MADV_WILLNEED => {
             let _ = s.prefetch(cut);
-            Ok(())
-        }
-        libc::MADV_RANDOM => {
-            s.advise(AccessPattern::Random);
-            Ok(())
-        }
-        libc::MADV_SEQUENTIAL => {
-            s.advise(AccessPattern::Sequential);
-            Ok(())
-        }
-        libc::MADV_NORMAL => {
-            s.advise(AccessPattern::Normal);
             Ok(())
         }
         libc::MADV_DONTNEED if !s.writable() => {

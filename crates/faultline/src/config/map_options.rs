@@ -36,6 +36,17 @@ pub enum AccessPattern {
 }
 
 impl AccessPattern {
+    /// The pattern `madvise(2)`'s `advice` asks for (`MADV_NORMAL`,
+    /// `MADV_RANDOM`, `MADV_SEQUENTIAL`); `None` for any other advice.
+    pub fn from_madvise(advice: i32) -> Option<AccessPattern> {
+        match advice {
+            libc::MADV_NORMAL => Some(AccessPattern::Normal),
+            libc::MADV_RANDOM => Some(AccessPattern::Random),
+            libc::MADV_SEQUENTIAL => Some(AccessPattern::Sequential),
+            _ => None,
+        }
+    }
+
     /// The pattern stored as `v` (`as u8`); anything else is `Normal`.
     pub(crate) fn from_u8(v: u8) -> AccessPattern {
         match v {
@@ -124,5 +135,34 @@ impl MapOptions {
             replace: true,
         });
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AccessPattern;
+
+    #[test]
+    fn madvise_values_name_their_patterns() {
+        assert_eq!(
+            AccessPattern::from_madvise(libc::MADV_RANDOM),
+            Some(AccessPattern::Random)
+        );
+        assert_eq!(
+            AccessPattern::from_madvise(libc::MADV_SEQUENTIAL),
+            Some(AccessPattern::Sequential)
+        );
+        assert_eq!(
+            AccessPattern::from_madvise(libc::MADV_NORMAL),
+            Some(AccessPattern::Normal)
+        );
+        assert_eq!(AccessPattern::from_madvise(libc::MADV_DONTNEED), None);
+        for p in [
+            AccessPattern::Normal,
+            AccessPattern::Random,
+            AccessPattern::Sequential,
+        ] {
+            assert_eq!(AccessPattern::from_u8(p as u8), p);
+        }
     }
 }
