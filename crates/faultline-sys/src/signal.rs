@@ -127,25 +127,54 @@ fn sigmask_result(op: &'static str, rc: libc::c_int) -> Result<(), crate::SysErr
     }
 }
 
-/// What a SIGBUS says: the address touched, and why.
+/// What a SIGBUS says: the address touched, why, and (from the signal
+/// context, on x86-64) whether the access was a write to a present page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BusInfo {
     /// The faulting address.
     pub addr: usize,
     code: libc::c_int,
+    /// The page-fault error code the kernel saved in the signal context
+    /// (`X86_PF_*`): 0 where the architecture has none.
+    error_code: u64,
 }
 
+/// `X86_PF_PROT`: the page was present (a protection fault).
+const PF_PROT: u64 = 1 << 0;
+/// `X86_PF_WRITE`: the access was a write.
+const PF_WRITE: u64 = 1 << 1;
+
 impl BusInfo {
-    /// Reads a SIGBUS's siginfo.
+    /// Reads a SIGBUS's siginfo and, on x86-64, the fault's error code.
     ///
     /// # Safety
-    /// `info` is the `siginfo_t` the kernel passed to an `SA_SIGINFO`
-    /// handler of SIGBUS (valid for reads for the handler's duration).
-    pub unsafe fn read(info: *const libc::siginfo_t) -> BusInfo {
+    /// `info` and `ctx` are the `siginfo_t` and `ucontext_t` the kernel
+    /// passed to an `SA_SIGINFO` handler of SIGBUS (valid for reads for the
+    /// handler's duration); `ctx` may be null.
+    pub unsafe fn read(info: *const libc::siginfo_t, ctx: *const libc::c_void) -> BusInfo {
         // SAFETY: valid for reads (the caller's contract); a SIGBUS
         // siginfo carries `si_addr`.
         let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
-        BusInfo { addr, code }
+        // SAFETY: the caller's contract: a live ucontext_t, or null.
+        let error_code = unsafe { error_code(ctx) };
+        BusInfo {
+            addr,
+            code,
+            error_code,
+        }
+    }
+
+    /// The access was a write (x86-64; elsewhere always false, and a
+    /// write is then served as a read would be).
+    pub fn is_write(&self) -> bool {
+        self.error_code & PF_WRITE != 0
+    }
+
+    /// A write to a present page under a userfaultfd with
+    /// `UFFD_FEATURE_SIGBUS`: a write-protect fault (x86-64; elsewhere
+    /// always false).
+    pub fn is_write_protect(&self) -> bool {
+        self.code == BUS_ADRERR && self.error_code & (PF_PROT | PF_WRITE) == PF_PROT | PF_WRITE
     }
 
     /// A missing page under a userfaultfd with `UFFD_FEATURE_SIGBUS` (or
@@ -168,6 +197,30 @@ impl BusInfo {
     pub fn is_synchronous(&self) -> bool {
         (1..=BUS_MCEERR_AR).contains(&self.code)
     }
+}
+
+/// The page-fault error code the kernel saved in a signal context: Linux
+/// x86-64 puts it in `uc_mcontext.gregs[REG_ERR]` for a fault's SIGBUS
+/// (`do_sigbus` → `set_signal_archinfo`). 0 on other architectures.
+///
+/// # Safety
+/// `ctx` is null or a live `ucontext_t` a signal handler was passed.
+#[cfg(target_arch = "x86_64")]
+unsafe fn error_code(ctx: *const libc::c_void) -> u64 {
+    if ctx.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract: a live ucontext_t.
+    unsafe { (*ctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_ERR as usize] as u64 }
+}
+
+/// See the x86-64 version: no error code here.
+///
+/// # Safety
+/// None needed; `unsafe` to match the x86-64 version.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn error_code(_ctx: *const libc::c_void) -> u64 {
+    0
 }
 
 /// Passes a SIGBUS the handler does not serve on to the action installed

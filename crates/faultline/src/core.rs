@@ -202,7 +202,7 @@ impl Core {
             reclaiming: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             nesting: Nesting::new(config.workers, config.spare_servers),
-            own_discards: OwnDiscards::new(config.program_removals),
+            own_discards: OwnDiscards::new(config.hears_removals()),
             drop_rechecks: DropRechecks::default(),
             rereads: crate::rereads::Rereads::default(),
             trace: Mutex::new(Vec::new()),

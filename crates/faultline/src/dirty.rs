@@ -29,6 +29,21 @@
 //! write-protect bookkeeping (an ioctl per install and per park, a fault per
 //! first write) would only cost; docs/design.md has the measurements.
 //!
+//! **Write protection** ([`crate::FillModel::CopyProtected`]): a page
+//! copied in from the store with `UFFDIO_COPY_MODE_WP` for a read is, until
+//! its first write, exactly the store's copy — the kernel stops that write
+//! and reports it (a write-protect fault) before it lands. Such a page is
+//! *protected* here, one bit per frame beside its fingerprint, and clean
+//! without a hash: reclaim drops it from the region (no park, no hash, no
+//! write). The bit is set only after the protected copy, under the page's
+//! lock (`RegionInner::set_protected`), and cleared before the
+//! write-protect fault lifts the protection (under the lock too) and on
+//! every change of the page's state (`RegionInner::set_state`: a move,
+//! park, unpark or drop leaves the page unprotected or gone). So a set bit
+//! implies the kernel holds the page write-protected — the one direction
+//! that matters: a page protected in the kernel but not here is only
+//! parked and hashed as before.
+//!
 //! Storage: by *frame*, not by page — a fingerprint is needed only while
 //! its page holds a frame (an evicted page is refilled, and fingerprinted,
 //! from the store on its next fault), so the table is sized by the frame
@@ -56,6 +71,8 @@ pub fn fingerprint(bytes: &[u8]) -> u128 {
 #[derive(Debug)]
 pub(crate) struct Fingerprints {
     words: Box<[AtomicU64]>,
+    /// One bit per frame: its page is protected (see the module docs).
+    protected: Box<[AtomicU64]>,
 }
 
 impl Fingerprints {
@@ -64,14 +81,36 @@ impl Fingerprints {
     /// untouched zero pages until frames are used.
     pub(crate) fn new(frames: usize) -> Fingerprints {
         let words: Vec<AtomicU64> = zeroed_vec(2 * frames);
+        let protected: Vec<AtomicU64> = zeroed_vec(frames.div_ceil(64));
         Fingerprints {
             words: words.into_boxed_slice(),
+            protected: protected.into_boxed_slice(),
         }
     }
 
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
-        self.words.len() * std::mem::size_of::<AtomicU64>()
+        (self.words.len() + self.protected.len()) * std::mem::size_of::<AtomicU64>()
+    }
+
+    /// Whether the page holding `frame` is write-protected and unwritten
+    /// since its fill. Caller holds that page's lock.
+    pub(crate) fn is_protected(&self, frame: u32) -> bool {
+        let (w, bit) = (frame as usize / 64, 1u64 << (frame % 64));
+        self.protected[w].load(Ordering::Relaxed) & bit != 0
+    }
+
+    /// Marks (or unmarks) the page holding `frame` protected. Caller holds
+    /// that page's lock. Other frames' bits share the word: a read-modify-
+    /// write (Relaxed: each bit has one writer at a time, ordered by its
+    /// page's lock).
+    pub(crate) fn set_protected(&self, frame: u32, on: bool) {
+        let (w, bit) = (frame as usize / 64, 1u64 << (frame % 64));
+        if on {
+            self.protected[w].fetch_or(bit, Ordering::Relaxed);
+        } else if self.protected[w].load(Ordering::Relaxed) & bit != 0 {
+            self.protected[w].fetch_and(!bit, Ordering::Relaxed);
+        }
     }
 
     /// The fingerprint of the store's copy of the page holding `frame`, if

@@ -116,6 +116,8 @@ fn fields(s: &StatsSnapshot, x: &Extra) -> Vec<(&'static str, Kind, u64)> {
         ("moves", C, s.moves),
         ("copies", C, s.copies),
         ("stale_dropped", C, s.stale_dropped),
+        ("clean_dropped", C, s.clean_dropped),
+        ("protection_lifted", C, s.protection_lifted),
         ("already_mapped", C, s.already_mapped),
         ("refaulted_dropped", C, s.refaulted_dropped),
         ("stray", C, s.stray),

@@ -25,6 +25,8 @@ pub struct Stats {
     pub(crate) moves: AtomicU64,
     pub(crate) copies: AtomicU64,
     pub(crate) stale_dropped: AtomicU64,
+    pub(crate) clean_dropped: AtomicU64,
+    pub(crate) protection_lifted: AtomicU64,
     pub(crate) already_mapped: AtomicU64,
     pub(crate) refaulted_dropped: AtomicU64,
     pub(crate) stray: AtomicU64,
@@ -84,6 +86,8 @@ impl Stats {
             moves: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             stale_dropped: AtomicU64::new(0),
+            clean_dropped: AtomicU64::new(0),
+            protection_lifted: AtomicU64::new(0),
             already_mapped: AtomicU64::new(0),
             refaulted_dropped: AtomicU64::new(0),
             stray: AtomicU64::new(0),
@@ -177,6 +181,8 @@ impl Stats {
             moves: r(&self.moves),
             copies: r(&self.copies),
             stale_dropped: r(&self.stale_dropped),
+            clean_dropped: r(&self.clean_dropped),
+            protection_lifted: r(&self.protection_lifted),
             already_mapped: r(&self.already_mapped),
             refaulted_dropped: r(&self.refaulted_dropped),
             stray: r(&self.stray),
@@ -359,6 +365,13 @@ pub struct StatsSnapshot {
     /// Pool slots holding dead copies that were dropped (in batches of 64,
     /// one flush each: `frame/stale.rs`).
     pub stale_dropped: u64,
+    /// Write-protected, unwritten pages reclaim dropped from their regions
+    /// in batches, without parking (`FillModel::CopyProtected`; counted in
+    /// `evicted` too).
+    pub clean_dropped: u64,
+    /// First writes to write-protected pages: a write-protect fault that
+    /// lifted the protection (`FillModel::CopyProtected`).
+    pub protection_lifted: u64,
     /// Faults that found their page already mapped (a racing thread's fault
     /// was served first): only a wake-up.
     pub already_mapped: u64,
@@ -549,8 +562,8 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "moves       {} faults served by a move or copy, {} pages copied into place ({} dead copies dropped), {} page tables dropped for a 2 MiB page; {} moves retried, {} misreported by the kernel (each checked and completed), {} pages the program dropped during a move",
-            self.moves, self.copies, self.stale_dropped, self.pt_discards, self.move_retries, self.move_misreported, self.move_dropped
+            "moves       {} faults served by a move or copy, {} pages copied into place ({} dead copies dropped), {} page tables dropped for a 2 MiB page; {} moves retried, {} misreported by the kernel (each checked and completed), {} pages the program dropped during a move; {} clean write-protected pages dropped in batches, {} first writes lifted a protection",
+            self.moves, self.copies, self.stale_dropped, self.pt_discards, self.move_retries, self.move_misreported, self.move_dropped, self.clean_dropped, self.protection_lifted
         )?;
         writeln!(
             f,

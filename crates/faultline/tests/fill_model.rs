@@ -1,12 +1,14 @@
-//! The two fill models on real faults (issue 40): a file four times the
+//! The fill models on real faults (issue 40): a file four times the
 //! budget, read and written from 2 threads against an oracle, then flushed
 //! and read back by a fresh manager — under `FillModel::Copy` (pages copied
-//! in; dead copies in pool slots dropped in batches) and `FillModel::Move`.
-//! The stats tell which model ran. Needs userfaultfd (root); fails with the
-//! reason otherwise.
+//! in; dead copies in pool slots dropped in batches), `FillModel::Move`,
+//! and `FillModel::CopyProtected` (pages read copied in write-protected,
+//! dropped clean in batches; a first write lifts the protection), the last
+//! with workers and in-thread faults. The stats tell which model ran.
+//! Needs userfaultfd (root); fails with the reason otherwise.
 
 use faultline::store::{File, FileOptions};
-use faultline::{FillModel, MapOptions, Region};
+use faultline::{FaultMode, FillModel, MapOptions, Region};
 
 mod common;
 use common::{config, manager_with, rng, ScratchDir, MIB};
@@ -21,8 +23,13 @@ fn map(mm: &faultline::Manager, path: &std::path::Path) -> Region {
 }
 
 fn manager(model: FillModel) -> faultline::Manager {
+    manager_in(model, FaultMode::Workers)
+}
+
+fn manager_in(model: FillModel, mode: FaultMode) -> faultline::Manager {
     let mut c = config(BUDGET);
     c.fill_model = model;
+    c.fault_mode = mode;
     manager_with(c)
 }
 
@@ -44,10 +51,14 @@ fn expected(initial: &[u8], page: usize, w: usize, round: u64) -> u64 {
 }
 
 fn run(model: FillModel) {
+    run_in(model, FaultMode::Workers)
+}
+
+fn run_in(model: FillModel, mode: FaultMode) {
     let dir = ScratchDir::new("fill-model");
     let initial: Vec<u8> = (0..PAGES * PAGE).map(|i| (i % 253) as u8).collect();
     let path = dir.file("data", &initial);
-    let mm = manager(model);
+    let mm = manager_in(model, mode);
     let r = map(&mm, &path);
     // Each of 2 threads owns the pages of one parity, and writes the first
     // 8 words of random pages of its own, round after round; every page's
@@ -88,6 +99,16 @@ fn run(model: FillModel) {
             assert!(s.copies > 0, "{model:?}: nothing copied in: {s}");
             assert!(s.stale_dropped > 0, "{model:?}: no dead copy dropped: {s}");
         }
+        FillModel::CopyProtected => {
+            assert!(s.copies > 0, "{model:?}: nothing copied in: {s}");
+            // Pages read first and evicted unwritten: dropped, not parked.
+            assert!(s.clean_dropped > 0, "{model:?}: no clean page dropped: {s}");
+            // Pages read, then written: the write lifted the protection.
+            assert!(
+                s.protection_lifted > 0,
+                "{model:?}: no protection lifted: {s}"
+            );
+        }
         FillModel::Move => assert_eq!(s.copies, 0, "{model:?}: {s}"),
     }
     assert!(s.evicted > 0, "{model:?}: the budget never filled: {s}");
@@ -118,6 +139,16 @@ fn copy_fill_keeps_every_word_through_reclaim_and_write_back() {
 #[test]
 fn move_fill_keeps_every_word_through_reclaim_and_write_back() {
     run(FillModel::Move);
+}
+
+#[test]
+fn protected_copy_keeps_every_word_through_clean_drops_and_write_back() {
+    run(FillModel::CopyProtected);
+}
+
+#[test]
+fn protected_copy_in_thread_keeps_every_word() {
+    run_in(FillModel::CopyProtected, FaultMode::InThread);
 }
 
 /// Dead copies do not outlive a quiet moment: the background reclaimer

@@ -49,8 +49,9 @@ fn seed() -> u64 {
 fn fill_model() -> FillModel {
     match std::env::var("FAULTLINE_STRESS_FILL").as_deref() {
         Ok("move") => FillModel::Move,
+        Ok("copy-protected") => FillModel::CopyProtected,
         Ok("copy") | Err(_) => FillModel::Copy,
-        Ok(other) => panic!("FAULTLINE_STRESS_FILL={other}: copy or move"),
+        Ok(other) => panic!("FAULTLINE_STRESS_FILL={other}: copy, copy-protected or move"),
     }
 }
 

@@ -93,6 +93,8 @@ pub enum FillModelArg {
     Copy,
     /// `FillModel::Move`.
     Move,
+    /// `FillModel::CopyProtected`.
+    CopyProtected,
 }
 
 impl From<FillModelArg> for faultline::FillModel {
@@ -100,6 +102,7 @@ impl From<FillModelArg> for faultline::FillModel {
         match a {
             FillModelArg::Copy => faultline::FillModel::Copy,
             FillModelArg::Move => faultline::FillModel::Move,
+            FillModelArg::CopyProtected => faultline::FillModel::CopyProtected,
         }
     }
 }

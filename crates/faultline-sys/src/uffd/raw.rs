@@ -44,6 +44,9 @@ pub const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 pub const UFFDIO_REGISTER_MODE_MINOR: u64 = 1 << 2;
 
 pub const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1 << 0;
+/// `UFFDIO_COPY_MODE_WP`: map the copied pages write-protected (the range
+/// must be registered in WP mode).
+pub const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
 pub const UFFDIO_ZEROPAGE_MODE_DONTWAKE: u64 = 1 << 0;
 pub const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 pub const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;

@@ -98,6 +98,36 @@ impl Uffd {
         Self::outcome("UFFDIO_COPY", dst, len, arg.copy)
     }
 
+    /// [`Uffd::copy`] in `UFFDIO_COPY_MODE_WP`: the pages are mapped
+    /// write-protected, so the first write to each raises a write-protect
+    /// fault (an event with [`Event::PageFault`]'s `wp`, or SIGBUS with
+    /// `UFFD_FEATURE_SIGBUS`) until [`Uffd::write_protect`] clears it.
+    /// Wakes the threads waiting there.
+    ///
+    /// # Safety
+    /// As [`Uffd::copy`]; `dst` must be registered in WP mode as well
+    /// (else `EINVAL`).
+    ///
+    /// [`Event::PageFault`]: super::Event::PageFault
+    pub unsafe fn copy_protected(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+    ) -> Result<Resolved, SysError> {
+        let mut arg = raw::UffdioCopy {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: raw::UFFDIO_COPY_MODE_WP,
+            copy: 0,
+        };
+        if self.ioctl(raw::UFFDIO_COPY, &mut arg) == 0 {
+            return Ok(Resolved::Done);
+        }
+        Self::outcome("UFFDIO_COPY", dst, len, arg.copy)
+    }
+
     /// `UFFDIO_ZEROPAGE`: maps the zero page into the holes at `dst`.
     ///
     /// # Safety

@@ -182,7 +182,7 @@ impl ManagerBuilder {
         let mut required = Features::MOVE
             .with(Features::POISON)
             .with(Features::EVENT_UNMAP);
-        if config.program_removals {
+        if config.hears_removals() {
             required = required.with(Features::EVENT_REMOVE);
         }
         if config.fault_mode == crate::config::FaultMode::InThread {

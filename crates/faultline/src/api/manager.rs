@@ -238,9 +238,11 @@ impl Manager {
         map.advise(map.addr(), len, Advice::NoHugePage)?;
         map.advise(map.addr(), len, Advice::DontFork)?;
         let core = self.core();
+        // Write-protect mode too where fills may go in write-protected
+        // (`FillModel::CopyProtected`: `UFFDIO_COPY_MODE_WP` needs it).
         let mode = RegisterMode {
             missing: true,
-            wp: false,
+            wp: core.config.fill_model == crate::config::FillModel::CopyProtected,
         };
         core.uffd.register(map.addr(), len, mode)?;
         let window = lock_window(core, store.as_ref(), page);

@@ -79,7 +79,7 @@ impl Service {
                 crate::reclaim::run(&c, publisher)
             })?;
         }
-        if service.core.config.program_removals {
+        if service.core.config.hears_removals() {
             service.spawn("faultline-pump".into(), |c| {
                 c.own_discards.run_pump(|| c.pump_events())
             })?;

@@ -191,6 +191,25 @@ pub enum FillModel {
     /// shootdowns instead of 1.9 (docs/measurements.md, "Fill by copy").
     #[default]
     Copy,
+    /// `Copy`, and a 4 KiB page read from its store for a read fault goes
+    /// in write-protected (`UFFDIO_COPY_MODE_WP`): until its first write —
+    /// a write-protect fault, which lifts the protection — the kernel
+    /// keeps it exactly the store's copy, so reclaim drops it from the
+    /// region with up to 31 others in one `process_madvise` (one TLB flush
+    /// for the batch) instead of parking it (a flush each). Costs: a first
+    /// write after a read takes a write-protect fault (a round trip and a
+    /// flush); a dropped page gets no second chance (its next touch reads
+    /// the store); and the program's own `MADV_DONTNEED` is not heard
+    /// ([`Config::program_removals`] is off in this model: each of
+    /// faultline's drops would be a removal event to wait for).
+    CopyProtected,
+}
+
+impl FillModel {
+    /// Whether filled 4 KiB pages go in by copy (`Copy`, `CopyProtected`).
+    pub fn copies(self) -> bool {
+        matches!(self, FillModel::Copy | FillModel::CopyProtected)
+    }
 }
 
 /// Who serves a region's missing-page faults ([`Config::fault_mode`]).
@@ -261,6 +280,13 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Whether the regions' userfaultfd reports the program's own drops:
+    /// [`Config::program_removals`], except under
+    /// [`FillModel::CopyProtected`] (see there).
+    pub fn hears_removals(&self) -> bool {
+        self.program_removals && self.fill_model != FillModel::CopyProtected
+    }
+
     /// One pool per online NUMA node, `bytes` each: pool 0 (the budget) on
     /// the first node, the others as extra pools. On a one-node machine this
     /// is just the budget, bound to node 0.

@@ -137,10 +137,10 @@ impl Drop for Registration {
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let _errno = SavedErrno::save();
     // SAFETY: the kernel's siginfo for this SA_SIGINFO handler.
-    let bus = unsafe { BusInfo::read(info) };
+    let bus = unsafe { BusInfo::read(info, ctx) };
     // Nothing may unwind out of a signal handler.
     let served =
-        bus.is_missing_page() && std::panic::catch_unwind(|| serve_any(bus.addr)).unwrap_or(false);
+        bus.is_missing_page() && std::panic::catch_unwind(|| serve_any(&bus)).unwrap_or(false);
     if !served {
         // Only a signal the access raised: another may have interrupted
         // code holding the error queue's lock, or inside `malloc`.
@@ -196,14 +196,15 @@ fn unserved(addr: usize) -> Option<Cow<'static, str>> {
     })
 }
 
-/// Serves a fault at `addr` if a registered manager holds it.
-fn serve_any(addr: usize) -> bool {
-    find_core(|core| serve(core, addr).then_some(())).is_some()
+/// Serves the fault `bus` reports if a registered manager holds it.
+fn serve_any(bus: &BusInfo) -> bool {
+    find_core(|core| serve(core, bus).then_some(())).is_some()
 }
 
-/// Serves the fault at `addr` in this thread, if `core` has a region
+/// Serves the fault `bus` reports in this thread, if `core` has a region
 /// there: false if it has none.
-fn serve(core: &Core, addr: usize) -> bool {
+fn serve(core: &Core, bus: &BusInfo) -> bool {
+    let addr = bus.addr;
     let Some(region) = core.table.lookup(addr) else {
         return false;
     };
@@ -216,7 +217,10 @@ fn serve(core: &Core, addr: usize) -> bool {
         // faults afresh and tries the store again.
         return false;
     }
-    super::service::count_fault(core, region.page_size);
+    if !bus.is_write_protect() {
+        // A write-protect fault is counted when it lifts the protection.
+        super::service::count_fault(core, region.page_size);
+    }
     let t0 = Instant::now();
     let me = crate::locks::this_thread();
     let (domain, key) = region.lock_key(page);
@@ -234,6 +238,8 @@ fn serve(core: &Core, addr: usize) -> bool {
         lent: guard.is_none(),
         nested: core.nesting.is_lending(me),
         ahead: false,
+        write: bus.is_write(),
+        protection: bus.is_write_protect(),
     };
     let res = resolve(core, &region, page, &how);
     drop(guard);

@@ -86,6 +86,13 @@ pub(crate) struct Fault {
     /// nothing is poisoned or queued), no frame is reclaimed for it, and it
     /// offers no window of its own.
     pub(crate) ahead: bool,
+    /// The access was a write (as far as the kernel said: a read is
+    /// assumed where it did not). Such a fill is never write-protected.
+    pub(crate) write: bool,
+    /// A write to a page mapped write-protected
+    /// ([`crate::FillModel::CopyProtected`]): the protection is lifted,
+    /// nothing is filled.
+    pub(crate) protection: bool,
 }
 
 impl Fault {
@@ -97,6 +104,8 @@ impl Fault {
             lent: false,
             nested: false,
             ahead: false,
+            write: false,
+            protection: false,
         }
     }
 }

@@ -16,8 +16,10 @@
 use super::unit::{self, Unit};
 use super::Fault;
 use super::Resolution;
+use crate::config::FillModel;
 use crate::core::Core;
 use crate::error::FaultError;
+use crate::fill::FillSource;
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove::{self, MoveError};
 use crate::reclaim::Shortage;
@@ -32,6 +34,9 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
     if region.dying() {
         wake(core, region, page);
         return Resolution::Dying;
+    }
+    if how.protection {
+        return lift_protection(core, region, page, how);
     }
     match region.state(page) {
         PageState::Absent => serve(core, region, page, how),
@@ -64,12 +69,20 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
         Ok(u) => u,
         Err(why) => return no_frame(core, region, page, how, why),
     };
-    if let Err(e) = unit::fill_frame(core, region, page, how.addr, &mut u) {
-        core.alloc.free(u.frame);
-        return poison(core, region, page, e, how);
-    }
+    let source = match unit::fill_frame(core, region, page, how.addr, &mut u) {
+        Ok(source) => source,
+        Err(e) => {
+            core.alloc.free(u.frame);
+            return poison(core, region, page, e, how);
+        }
+    };
+    // Protected: a read of the store's bytes, in a region tracking dirt.
+    let protect = core.config.fill_model == FillModel::CopyProtected
+        && source == FillSource::Store
+        && !how.write
+        && region.tracks_dirt();
     let offer = u.offer;
-    let res = map_in(core, region, page, u, how);
+    let res = map_in(core, region, page, u, how, protect);
     if let (Resolution::Moved, Some(next)) = (res, offer) {
         // Read while the program works through the run just mapped.
         super::offers::offer(core, region, next);
@@ -79,7 +92,16 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
 
 /// Records the unit's pages resident and moves its filled frame in (which
 /// wakes the faulting threads); on a refused move, undoes the record.
-fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) -> Resolution {
+/// `protect`: copy the pages in write-protected where they go by copy, and
+/// mark them protected ([`crate::dirty`]) once they are in.
+fn map_in(
+    core: &Core,
+    region: &RegionInner,
+    page: usize,
+    u: Unit,
+    how: &Fault,
+    protect: bool,
+) -> Resolution {
     let (first, count, frame) = (u.first, u.count, u.frame);
     let addr = region.page_addr(first);
     let len = count * region.page_size.bytes();
@@ -101,7 +123,7 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
     }
     let mut tries = 1;
     let moved = loop {
-        let moved = move_unit(core, region, addr, len, &frame);
+        let moved = move_unit(core, region, addr, len, &frame, protect);
         match &moved {
             // The kernel refused this frame for a whole move deadline
             // (`pagemove`): nothing moved. Try the same frame again — the
@@ -124,7 +146,17 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
         }
     };
     match moved {
-        Ok(()) => Resolution::Moved,
+        Ok(protected) => {
+            // After the copy that woke the faulting threads: a write of
+            // theirs meanwhile waits for this lock (its write-protect
+            // fault), then finds the mark and lifts it.
+            if protected {
+                for i in 0..count {
+                    region.set_protected(first + i, true);
+                }
+            }
+            Resolution::Moved
+        }
         Err(MoveError::Split { .. }) => {
             // Part of the frame is in the region, part in its slot: the
             // pages keep their frame (recorded resident above), and the
@@ -149,17 +181,20 @@ fn map_in(core: &Core, region: &RegionInner, page: usize, u: Unit, how: &Fault) 
 const SAME_FRAME_TRIES: u32 = 3;
 
 /// Moves the filled `frame` into `[addr, addr + len)`, after dropping the
-/// range's empty page table (a 2 MiB move then moves the PMD whole).
+/// range's empty page table (a 2 MiB move then moves the PMD whole), or
+/// copies it in (`pagemove::by_copy`; write-protected if `protect`).
+/// Returns whether every page went in write-protected.
 fn move_unit(
     core: &Core,
     region: &RegionInner,
     addr: usize,
     len: usize,
     frame: &Frame,
-) -> Result<(), MoveError> {
+    protect: bool,
+) -> Result<bool, MoveError> {
     if pagemove::by_copy(core, region, len) {
         // SAFETY: as for the move below.
-        return unsafe { pagemove::copy_in(core, addr, frame, len) };
+        return unsafe { pagemove::copy_in(core, addr, frame, len, protect) };
     }
     pagemove::drop_empty_page_table(core, region, addr, len);
     // The first 4 KiB move out of a PMD-mapped pool block splits the block's
@@ -174,7 +209,42 @@ fn move_unit(
             guard.mark_split();
         }
     }
-    moved
+    moved.map(|()| false)
+}
+
+/// A write to `page` mapped write-protected ([`Fault::protection`]): the
+/// page is no longer the store's copy once it lands, so its mark goes
+/// first ([`crate::dirty`]), then the protection, which lets the write
+/// retry (woken, for a waiting thread). A page that is no longer resident
+/// (dropped or parked since) only wakes: the retried write faults afresh.
+/// A protection the kernel will not lift (a bug) parks the page instead,
+/// so the retried write finds it missing and unparks it writable.
+fn lift_protection(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
+    let PageState::Resident(f) = region.state(page) else {
+        wake(core, region, page);
+        return Resolution::AlreadyMapped;
+    };
+    region.set_protected(page, false);
+    let at = how.addr & !(PAGE_SIZE - 1);
+    // In-thread, nobody waits on the userfaultfd: the thread retries when
+    // its handler returns.
+    let dontwake = core.config.fault_mode == crate::config::FaultMode::InThread;
+    match core.uffd.write_protect(at, PAGE_SIZE, false, dontwake) {
+        Ok(_) => {
+            Stats::bump(&core.stats.protection_lifted);
+            Resolution::AlreadyMapped
+        }
+        Err(source) => {
+            core.record(FaultError::Move { addr: at, source });
+            match pagemove::try_park(core, region, page, f, pagemove::Patience::Brief) {
+                Ok(pagemove::TryPark::Parked) => {}
+                Ok(_) => {}
+                Err(e) => core.record(e),
+            }
+            wake(core, region, page);
+            Resolution::AlreadyMapped
+        }
+    }
 }
 
 /// A refusal the kernel may lift (a reference held for a moment, a split

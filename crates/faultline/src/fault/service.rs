@@ -190,8 +190,14 @@ pub(crate) fn handle(
     (ev, stamp): Queued,
     rest: &mut VecDeque<Queued>,
 ) -> Resolution {
-    let (addr, tid) = match ev {
-        Event::PageFault { addr, tid, .. } => (addr, tid),
+    let (addr, tid, write, wp) = match ev {
+        Event::PageFault {
+            addr,
+            tid,
+            write,
+            wp,
+            ..
+        } => (addr, tid, write, wp),
         Event::Unmap { start, end } => {
             super::unmap::unmapped(core, start, end, stamp);
             core.unmap_handled();
@@ -225,7 +231,10 @@ pub(crate) fn handle(
         return Resolution::Stray;
     };
     let page = region.page_of(addr);
-    count_fault(core, region.page_size);
+    if !wp {
+        // A write-protect fault is counted when it lifts the protection.
+        count_fault(core, region.page_size);
+    }
     let (domain, key) = region.lock_key(page);
     if !region.store.is_zero() || core.locks.is_locked(domain, key) {
         defer(core, rest);
@@ -238,6 +247,8 @@ pub(crate) fn handle(
         lent,
         nested,
         ahead: false,
+        write,
+        protection: wp,
     };
     let res = {
         // A store call may block (or fault on another region): while every

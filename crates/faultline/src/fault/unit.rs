@@ -122,14 +122,15 @@ pub(super) fn take<'a>(
 }
 
 /// Fills the unit's frame (zeros in the configured order, or the store's
-/// bytes, fingerprinted for dirty tracking: [`crate::dirty`]).
+/// bytes, fingerprinted for dirty tracking: [`crate::dirty`]); returns
+/// where the bytes came from.
 pub(super) fn fill_frame(
     core: &Core,
     region: &RegionInner,
     page: usize,
     fault_addr: usize,
     u: &mut Unit,
-) -> Result<(), FaultError> {
+) -> Result<FillSource, FaultError> {
     let unit = region.page_size.bytes();
     let addr = region.page_addr(u.first);
     let target = fault_addr.saturating_sub(addr).min(u.count * unit - 1);
@@ -152,10 +153,14 @@ pub(super) fn fill_frame(
             core.config.experiment.fill_order,
         )
     };
-    match filled {
-        Ok(FillSource::Cleared) => Stats::bump(&core.stats.fills_cleared),
-        Ok(FillSource::Prezeroed) => Stats::bump(&core.stats.fills_prezeroed),
-        Ok(FillSource::Store) => {
+    let source = filled.map_err(|source| FaultError::Store {
+        addr: region.page_addr(page),
+        source,
+    })?;
+    match source {
+        FillSource::Cleared => Stats::bump(&core.stats.fills_cleared),
+        FillSource::Prezeroed => Stats::bump(&core.stats.fills_prezeroed),
+        FillSource::Store => {
             if let Some(t0) = t0 {
                 core.stats
                     .store_reads
@@ -175,12 +180,8 @@ pub(super) fn fill_frame(
                 }
             }
         }
-        Err(source) => {
-            let addr = region.page_addr(page);
-            return Err(FaultError::Store { addr, source });
-        }
     }
-    Ok(())
+    Ok(source)
 }
 
 /// The fault-around window `(first, count)` if it applies: a zero-filled

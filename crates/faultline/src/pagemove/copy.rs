@@ -18,7 +18,7 @@
 //! owns the frame.
 
 use super::{move_in, MoveError};
-use crate::config::{FillModel, PageSize};
+use crate::config::PageSize;
 use crate::core::Core;
 use crate::frame::Frame;
 use crate::region::RegionInner;
@@ -36,10 +36,7 @@ pub(crate) const COPY_MAX: usize = 8 * PAGE_SIZE;
 /// [`COPY_MAX`], no pool bound to a NUMA node.
 pub(crate) fn by_copy(core: &Core, r: &RegionInner, len: usize) -> bool {
     let c = &core.config;
-    c.fill_model == FillModel::Copy
-        && r.page_size == PageSize::Base4K
-        && len <= COPY_MAX
-        && !binds_nodes(c)
+    c.fill_model.copies() && r.page_size == PageSize::Base4K && len <= COPY_MAX && !binds_nodes(c)
 }
 
 /// Whether any pool is bound to a NUMA node: then pages move, keeping the
@@ -51,6 +48,9 @@ fn binds_nodes(c: &crate::config::Config) -> bool {
 
 /// Copies `frame` (whole in its slot) into the region pages at `dst`,
 /// `len` bytes, waking the threads waiting there; see the module docs.
+/// `protect`: in `UFFDIO_COPY_MODE_WP` (the region is registered for it:
+/// [`crate::FillModel::CopyProtected`]). Returns whether every page went in
+/// write-protected (a whole protected copy).
 ///
 /// # Safety
 /// `[dst, dst + len)` are region pages the caller holds the locks of, all
@@ -60,11 +60,18 @@ pub(crate) unsafe fn copy_in(
     dst: usize,
     frame: &Frame,
     len: usize,
-) -> Result<(), MoveError> {
+    protect: bool,
+) -> Result<bool, MoveError> {
     let src = core.pool.addr_of(frame);
     // SAFETY: the caller's contract; the source slots are populated (a
     // frame in flight or parked is whole in its slot).
-    let first = unsafe { core.uffd.copy(dst, src, len, false) };
+    let first = unsafe {
+        if protect {
+            core.uffd.copy_protected(dst, src, len)
+        } else {
+            core.uffd.copy(dst, src, len, false)
+        }
+    };
     let done = match first {
         Ok(Resolved::Done) => len,
         Ok(
@@ -82,7 +89,7 @@ pub(crate) unsafe fn copy_in(
         count_dropped(core, src, dropped);
     }
     if done == len {
-        return Ok(());
+        return Ok(protect);
     }
     // The first 4 KiB move out of a PMD-mapped pool block splits it, under
     // the split lock (as `fault/resolve.rs: move_unit`; a unit this small
@@ -96,7 +103,7 @@ pub(crate) unsafe fn copy_in(
         guard.mark_split();
     }
     match moved {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(false),
         Err(e) if done == 0 => Err(e),
         Err(e) => Err(MoveError::Split {
             dst,

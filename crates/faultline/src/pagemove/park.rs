@@ -234,7 +234,9 @@ pub(crate) fn unpark(core: &Core, r: &RegionInner, page: usize, f: u32) -> Resul
     // hole, under the page's lock; nothing references either.
     let put = unsafe {
         if super::by_copy(core, r, len) {
-            super::copy_in(core, addr, &frame, len)
+            // Unprotected: a parked page's bytes may differ from the
+            // store's (only its hash at eviction tells).
+            super::copy_in(core, addr, &frame, len, false).map(|_| ())
         } else {
             move_in(core, addr, core.pool.addr_of(&frame), len)
         }

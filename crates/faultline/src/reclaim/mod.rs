@@ -54,6 +54,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod cursor;
+mod drops;
 mod faulting;
 mod runs;
 
@@ -281,7 +283,7 @@ pub(crate) fn reclaim(
 /// One [`reclaim`] pass of the hand.
 fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -> bool) -> usize {
     // The snapshot, borrowed (no reference count touched per region). The
-    // hand visits only pages in use (`RegionInner::next_used`): two turns
+    // hand visits only pages in use (`cursor.rs`): two turns
     // are about twice the pages holding frames.
     let snap = core.table.snapshot();
     let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
@@ -308,13 +310,20 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
     // Evicted frames go back in batches through `free_bulk`, which merges
     // neighbours into runs (read-ahead allocates runs).
     let mut evicted: Vec<Frame> = Vec::with_capacity(64);
+    // Protected pages, with their locks, until their batch is dropped.
+    let mut drops = drops::CleanDrops::default();
+    let mut used = cursor::UsedPages::default();
     while freed < want && steps < 2 * total + regions.len() && !enough() {
         if ri >= regions.len() {
+            // The hand comes round again: the batch goes first, or a page
+            // in it under `held` (no guard of its own to refuse the hand)
+            // would be met again — pushed twice, its frame freed twice.
+            freed += drops.drop_all(core, &mut evicted);
             ri = 0;
             page = 0;
         }
         let r = &regions[ri];
-        let next = worth_walking(r).then(|| r.next_used(page)).flatten();
+        let next = worth_walking(r).then(|| used.next(r, page)).flatten();
         let Some(next) = next else {
             ri += 1;
             page = 0;
@@ -343,6 +352,14 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
                 }
             }
         };
+        if let Some(f) = protected_frame(core, r, page) {
+            drops.push(r, page, f, _guard);
+            if drops.is_full() {
+                freed += drops.drop_all(core, &mut evicted);
+            }
+            page += 1;
+            continue;
+        }
         let (run, run_freed) = runs::any_run(core, r, page, idx, held, &mut evicted);
         if run > 0 {
             freed += run_freed;
@@ -353,11 +370,26 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
         freed += step(core, r, page, &mut evicted);
         page += 1;
     }
+    freed += drops.drop_all(core, &mut evicted);
     core.alloc.free_bulk(&mut evicted);
     let mut h = core.hand.lock();
     h.region_start = regions.get(ri).map_or(0, |r| r.start());
     h.page = page;
     freed
+}
+
+/// The frame of `page` if it is resident and protected in pool 0 (the
+/// budget's): dropped in a batch, not stepped (`drops.rs`). The caller
+/// holds its fault lock.
+fn protected_frame(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
+    match r.state(page) {
+        PageState::Resident(f)
+            if !r.dying() && r.is_protected(page) && core.alloc.pool_of(f) == 0 =>
+        {
+            Some(f)
+        }
+        _ => None,
+    }
 }
 
 /// One page under the hand; the caller holds its fault lock. Returns pages

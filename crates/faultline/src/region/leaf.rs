@@ -214,6 +214,14 @@ impl<'a> Leaf<'a> {
         })
     }
 
+    /// The keys at or after `first` of the pages in use, appended to `out`
+    /// in order: one pass over the entries.
+    pub(super) fn keys_from(self, first: usize, out: &mut Vec<usize>) {
+        let start = out.len();
+        out.extend(self.pages().map(|(k, _)| k).filter(|&k| k >= first));
+        out[start..].sort_unstable();
+    }
+
     /// The least key at or after `first` of a page in use: in key order
     /// for a full-size leaf (entry `i` holds key `i`), so a walk of its
     /// span costs its entries once; a min over the entries otherwise.

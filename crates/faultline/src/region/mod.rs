@@ -208,6 +208,12 @@ impl RegionInner {
         self.pages.next_used(from)
     }
 
+    /// Appends the pages in use of the next span that has any at or after
+    /// `from` to `out`, in order (see `PageStates::used_in_next_span`).
+    pub(crate) fn used_in_next_span(&self, from: usize, out: &mut Vec<usize>) {
+        self.pages.used_in_next_span(from, out);
+    }
+
     /// The pages of `range` in any state but absent, in order (each found
     /// when the previous one has been handled; untouched spans skipped).
     pub(crate) fn used_pages(
@@ -313,11 +319,33 @@ impl RegionInner {
             _ => {}
         }
         if let Some(fps) = &self.fps {
+            // Any change leaves the page unprotected (`crate::dirty`).
+            if let Some(a) = old {
+                fps.set_protected(a, false);
+            }
             match (old, new) {
                 (Some(a), Some(b)) if a != b => fps.moved(a, b),
                 (Some(a), None) => fps.set(a, None),
                 _ => {}
             }
+        }
+    }
+
+    /// Whether resident `page` is write-protected and unwritten since its
+    /// fill ([`crate::dirty`]): clean without a hash. Caller holds the
+    /// page's lock.
+    pub(crate) fn is_protected(&self, page: usize) -> bool {
+        match (&self.fps, self.state(page)) {
+            (Some(fps), PageState::Resident(f)) => fps.is_protected(f),
+            _ => false,
+        }
+    }
+
+    /// Marks resident `page` protected (after its write-protected copy) or
+    /// not (before its protection is lifted). Caller holds the page's lock.
+    pub(crate) fn set_protected(&self, page: usize, on: bool) {
+        if let (Some(fps), PageState::Resident(f)) = (&self.fps, self.state(page)) {
+            fps.set_protected(f, on);
         }
     }
 

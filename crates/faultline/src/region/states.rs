@@ -348,6 +348,41 @@ impl PageStates {
     }
 }
 
+impl PageStates {
+    /// Appends to `out`, in order, the pages in use of the first span at or
+    /// after `from`'s that has any at or after `from` (nothing if none):
+    /// what [`PageStates::next_used`] would find one call at a time, for
+    /// one pass over the span's entries instead of one per page. Each
+    /// page was in use at some instant of the read.
+    pub(crate) fn used_in_next_span(&self, from: usize, out: &mut Vec<usize>) {
+        let _guard = epoch::pin();
+        let mut span = from / LEAF_PAGES;
+        while span * LEAF_PAGES < self.len {
+            let base = span * LEAF_PAGES;
+            let first = from.saturating_sub(base);
+            let start = out.len();
+            // Acquire: as in `load`.
+            match Slot::decode(self.slots[span].load(Ordering::Acquire)) {
+                Slot::Empty => {}
+                Slot::One(k, _) => {
+                    if k >= first {
+                        out.push(k);
+                    }
+                }
+                // SAFETY: as in `load`.
+                Slot::Leaf(addr) => unsafe { Leaf::at(addr) }.keys_from(first, out),
+            }
+            if out.len() > start {
+                for k in &mut out[start..] {
+                    *k += base;
+                }
+                return;
+            }
+            span += 1;
+        }
+    }
+}
+
 /// A span's lock, held (see the module docs): `held` is the slot's value
 /// when it was taken. Publishing the slot's new value releases it; dropped
 /// unpublished (a panic while changing the span), it puts `held` back, so

@@ -1,0 +1,166 @@
+//! Clean pages dropped in batches ([`crate::FillModel::CopyProtected`]).
+//!
+//! A page that is *protected* ([`crate::dirty`]: copied in write-protected
+//! from its store and unwritten since) is the store's copy, and the kernel
+//! stops any write to it until faultline, under the page's lock, lifts the
+//! protection. So under that lock the page can leave its region without
+//! being parked, hashed or written: the hand collects up to [`BATCH`] such
+//! pages, each with its lock held, and drops them all with one
+//! `process_madvise(MADV_DONTNEED)` — one TLB flush for the batch where
+//! parking flushes once per page (measurements.md, "Does Linux batch the
+//! TLB flush"). Each page is then absent (its next touch reads the store)
+//! and its frame, its slot made whole ([`pagemove::fill_holes`]), goes back
+//! to the allocator.
+//!
+//! Why the locks are held across the drop: a write to a protected page
+//! stops in a write-protect fault whose handler needs the page's lock; it
+//! runs only after the page is gone, finds it absent, and the write
+//! retries into a fresh fill. Holding up to [`BATCH`] locks cannot
+//! deadlock: the hand only ever *tries* locks (`reclaim/mod.rs`), and the
+//! drop waits for nothing a lock holder may be waiting on (faulting
+//! threads wait for the lock in user space, holding no kernel lock).
+//! Regions' userfaultfd asks for no removal events in this model
+//! (`Config::hears_removals`), so the drop is not stopped by one.
+//!
+//! If the drop fails, each page is looked at in the page tables: one that
+//! is gone is recorded absent, one still there stays resident (and
+//! protected: nothing lifted it).
+//!
+//! Locks: the batch's fault locks, taken by the hand, released when the
+//! batch is dropped (or the pass ends).
+
+use crate::core::Core;
+use crate::error::FaultError;
+use crate::frame::Frame;
+use crate::locks::FaultGuard;
+use crate::pagemove;
+use crate::region::{PageState, RegionInner};
+use faultline_sys::PAGE_SIZE;
+use std::sync::atomic::Ordering;
+
+/// Pages dropped with one call at most: the kernel's own reclaim batch
+/// (`SWAP_CLUSTER_MAX`). Each holds its fault lock until the drop.
+pub(super) const BATCH: usize = 32;
+
+/// One protected page waiting for its batch's drop.
+struct Pending<'a> {
+    region: &'a RegionInner,
+    page: usize,
+    frame: u32,
+    /// Its fault lock (`None`: the reclaiming fault's own, held already).
+    _guard: Option<FaultGuard<'a>>,
+}
+
+/// The batch being collected by one pass of the hand.
+#[derive(Default)]
+pub(super) struct CleanDrops<'a> {
+    pending: Vec<Pending<'a>>,
+}
+
+impl<'a> CleanDrops<'a> {
+    /// Adds protected `page` of `region` (frame `frame`), whose lock
+    /// `guard` holds (or the caller does). A page already in the batch is
+    /// not added again (its frame would be freed twice: the hand drops the
+    /// batch before it comes round, so this is a second line).
+    pub(super) fn push(
+        &mut self,
+        region: &'a RegionInner,
+        page: usize,
+        frame: u32,
+        guard: Option<FaultGuard<'a>>,
+    ) {
+        let again = self
+            .pending
+            .iter()
+            .any(|p| std::ptr::eq(p.region, region) && p.page == page);
+        debug_assert!(!again, "page {page} pushed twice");
+        if again {
+            return;
+        }
+        self.pending.push(Pending {
+            region,
+            page,
+            frame,
+            _guard: guard,
+        });
+    }
+
+    /// Whether the batch is full.
+    pub(super) fn is_full(&self) -> bool {
+        self.pending.len() >= BATCH
+    }
+
+    /// Drops the batch (see the module docs), releasing its locks; frames
+    /// freed are pushed on `evicted` for the caller to free. Returns pages
+    /// freed.
+    pub(super) fn drop_all(&mut self, core: &Core, evicted: &mut Vec<Frame>) -> usize {
+        let mut freed = 0;
+        while let Some(first) = self.pending.first() {
+            // One call per region (a batch usually holds one).
+            let region = first.region;
+            let (mine, rest): (Vec<Pending<'a>>, Vec<Pending<'a>>) = self
+                .pending
+                .drain(..)
+                .partition(|p| std::ptr::eq(p.region, region));
+            self.pending = rest;
+            freed += drop_region_pages(core, region, mine, evicted);
+        }
+        freed
+    }
+}
+
+/// Drops `pages` (all of `region`, protected, under their locks) with one
+/// call; returns pages freed.
+fn drop_region_pages(
+    core: &Core,
+    region: &RegionInner,
+    pages: Vec<Pending<'_>>,
+    evicted: &mut Vec<Frame>,
+) -> usize {
+    let ranges: Vec<(usize, usize)> = pages
+        .iter()
+        .map(|p| (region.page_addr(p.page), PAGE_SIZE))
+        .collect();
+    // SAFETY: each page is resident and protected under its lock (held in
+    // `pages`): its bytes are the store's, the kernel stops any write to
+    // it until that lock's holder lifts the protection, and faultline
+    // holds no reference into region memory.
+    let dropped = unsafe { region.map.discard_many(&ranges) };
+    let all = match dropped {
+        Ok(()) => true,
+        Err(source) => {
+            core.record(FaultError::Move {
+                addr: ranges[0].0,
+                source,
+            });
+            false
+        }
+    };
+    let mut freed = 0;
+    for p in &pages {
+        let addr = region.page_addr(p.page);
+        if !all && !pagemove::is_empty(core, addr, PAGE_SIZE).unwrap_or(false) {
+            // Not dropped: still resident, still protected.
+            continue;
+        }
+        region.set_state(p.page, PageState::Absent);
+        let slot = core.pool.slot_addr(p.frame);
+        // A free frame's slot is whole (`pagemove::free_whole`); one that
+        // cannot be made so stays out of the allocator, recorded.
+        if let Err(source) = pagemove::fill_holes(core, slot, PAGE_SIZE) {
+            core.record(FaultError::Move { addr: slot, source });
+            continue;
+        }
+        let frame = Frame::from_parts(p.frame, 0);
+        core.pool.set_zeroed(&frame, false);
+        evicted.push(frame);
+        freed += 1;
+    }
+    core.stats
+        .clean_dropped
+        .fetch_add(freed as u64, Ordering::Relaxed);
+    core.stats
+        .evicted
+        .fetch_add(freed as u64, Ordering::Relaxed);
+    freed
+}
