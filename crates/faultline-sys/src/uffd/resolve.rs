@@ -281,6 +281,99 @@ mod tests {
         assert_eq!((err.op, err.errno), ("UFFDIO_REGISTER", libc::EINVAL));
     }
 
+    /// What `FillModel::CopyProtected` relies on, on the real kernel: a
+    /// page copied in `UFFDIO_COPY_MODE_WP` reads without a fault; its
+    /// first write stops in a write-protect fault (an event with `wp` and
+    /// `write`) and lands only once the protection is cleared; a
+    /// protected page dropped with `process_madvise(MADV_DONTNEED)` leaves
+    /// a hole (a missing fault, no write-protect marker on anonymous
+    /// memory); and a protected page moves out with its bytes.
+    #[test]
+    fn a_page_copied_protected_stops_its_first_write() {
+        use crate::uffd::Event;
+        let u = test_uffd();
+        let dst = Mapping::anonymous(4 * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        let mode = RegisterMode {
+            missing: true,
+            wp: true,
+        };
+        u.register(dst.addr(), dst.len(), mode).expect("register");
+        let src = [0x5au8; PAGE_SIZE];
+        for page in 0..3 {
+            let at = dst.addr() + page * PAGE_SIZE;
+            // SAFETY: holes of our registered mapping; no references into it.
+            let r = unsafe { u.copy_protected(at, src.as_ptr() as usize, PAGE_SIZE) };
+            assert_eq!(r.expect("copy_protected"), Resolved::Done);
+        }
+        // SAFETY: page 0 is mapped (the copy); reads need no fault.
+        assert_eq!(unsafe { dst.as_ptr().read_volatile() }, 0x5a);
+        let base = dst.addr();
+        let writer = std::thread::spawn(move || {
+            // SAFETY: page 0 of the test's mapping, alive until joined.
+            unsafe { (base as *mut u8).write_volatile(0x66) };
+        });
+        let mut events = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while events.is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no write-protect fault"
+            );
+            u.read_events(&mut events, 8).expect("read");
+            std::thread::yield_now();
+        }
+        match events[0] {
+            Event::PageFault {
+                addr, write, wp, ..
+            } => {
+                assert_eq!(addr & !(PAGE_SIZE - 1), dst.addr());
+                assert!(write && wp, "a write-protect write fault: {:?}", events[0]);
+            }
+            other => panic!("not a page fault: {other:?}"),
+        }
+        // SAFETY: as above: the write has not landed while it is stopped.
+        assert_eq!(unsafe { dst.as_ptr().read_volatile() }, 0x5a);
+        u.write_protect(dst.addr(), PAGE_SIZE, false, false)
+            .expect("lift");
+        writer.join().expect("writer");
+        // SAFETY: as above.
+        assert_eq!(unsafe { dst.as_ptr().read_volatile() }, 0x66);
+        // Page 1, still protected, dropped: a hole again.
+        // SAFETY: page 1 holds only the copy; nothing references it.
+        unsafe { dst.discard_many(&[(dst.addr() + PAGE_SIZE, PAGE_SIZE)]) }.expect("drop");
+        assert!(!dst
+            .is_resident(dst.addr() + PAGE_SIZE, PAGE_SIZE)
+            .expect("mincore"));
+        // SAFETY: page 1 is a hole again (no marker): the copy fills it.
+        let again = unsafe {
+            u.copy(
+                dst.addr() + PAGE_SIZE,
+                src.as_ptr() as usize,
+                PAGE_SIZE,
+                true,
+            )
+        };
+        assert_eq!(again.expect("copy"), Resolved::Done);
+        // Page 2, protected, moves out with its bytes.
+        let out = Mapping::anonymous(PAGE_SIZE, PAGE_SIZE).expect("mmap");
+        u.register(
+            out.addr(),
+            out.len(),
+            RegisterMode {
+                missing: true,
+                wp: false,
+            },
+        )
+        .expect("register");
+        // SAFETY: page 2 of ours to a hole of ours; no references.
+        unsafe { u.move_pages(out.addr(), dst.addr() + 2 * PAGE_SIZE, PAGE_SIZE, true) }
+            .expect("move a protected page");
+        // SAFETY: the moved page is mapped in `out`.
+        assert_eq!(unsafe { out.as_ptr().read_volatile() }, 0x5a);
+        u.unregister(out.addr(), out.len()).expect("unregister");
+        u.unregister(dst.addr(), dst.len()).expect("unregister");
+    }
+
     #[test]
     fn wp_async_tracks_writes() {
         use crate::mem::PageMap;

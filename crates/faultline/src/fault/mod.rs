@@ -37,6 +37,7 @@ pub(crate) mod ahead;
 pub(crate) mod inthread;
 mod offers;
 mod program_drop;
+mod protect;
 mod reread;
 mod resolve;
 pub(crate) mod service;

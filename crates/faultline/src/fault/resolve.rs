@@ -16,10 +16,8 @@
 use super::unit::{self, Unit};
 use super::Fault;
 use super::Resolution;
-use crate::config::FillModel;
 use crate::core::Core;
 use crate::error::FaultError;
-use crate::fill::FillSource;
 use crate::frame::{Frame, FrameAllocator};
 use crate::pagemove::{self, MoveError};
 use crate::reclaim::Shortage;
@@ -36,7 +34,7 @@ pub(super) fn resolve(core: &Core, region: &RegionInner, page: usize, how: &Faul
         return Resolution::Dying;
     }
     if how.protection {
-        return lift_protection(core, region, page, how);
+        return super::protect::lift(core, region, page, how);
     }
     match region.state(page) {
         PageState::Absent => serve(core, region, page, how),
@@ -76,11 +74,7 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
             return poison(core, region, page, e, how);
         }
     };
-    // Protected: a read of the store's bytes, in a region tracking dirt.
-    let protect = core.config.fill_model == FillModel::CopyProtected
-        && source == FillSource::Store
-        && !how.write
-        && region.tracks_dirt();
+    let protect = super::protect::fills_protected(core, region, source, how);
     let offer = u.offer;
     let res = map_in(core, region, page, u, how, protect);
     if let (Resolution::Moved, Some(next)) = (res, offer) {
@@ -147,13 +141,8 @@ fn map_in(
     };
     match moved {
         Ok(protected) => {
-            // After the copy that woke the faulting threads: a write of
-            // theirs meanwhile waits for this lock (its write-protect
-            // fault), then finds the mark and lifts it.
             if protected {
-                for i in 0..count {
-                    region.set_protected(first + i, true);
-                }
+                super::protect::mark(region, first..first + count);
             }
             Resolution::Moved
         }
@@ -210,41 +199,6 @@ fn move_unit(
         }
     }
     moved.map(|()| false)
-}
-
-/// A write to `page` mapped write-protected ([`Fault::protection`]): the
-/// page is no longer the store's copy once it lands, so its mark goes
-/// first ([`crate::dirty`]), then the protection, which lets the write
-/// retry (woken, for a waiting thread). A page that is no longer resident
-/// (dropped or parked since) only wakes: the retried write faults afresh.
-/// A protection the kernel will not lift (a bug) parks the page instead,
-/// so the retried write finds it missing and unparks it writable.
-fn lift_protection(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolution {
-    let PageState::Resident(f) = region.state(page) else {
-        wake(core, region, page);
-        return Resolution::AlreadyMapped;
-    };
-    region.set_protected(page, false);
-    let at = how.addr & !(PAGE_SIZE - 1);
-    // In-thread, nobody waits on the userfaultfd: the thread retries when
-    // its handler returns.
-    let dontwake = core.config.fault_mode == crate::config::FaultMode::InThread;
-    match core.uffd.write_protect(at, PAGE_SIZE, false, dontwake) {
-        Ok(_) => {
-            Stats::bump(&core.stats.protection_lifted);
-            Resolution::AlreadyMapped
-        }
-        Err(source) => {
-            core.record(FaultError::Move { addr: at, source });
-            match pagemove::try_park(core, region, page, f, pagemove::Patience::Brief) {
-                Ok(pagemove::TryPark::Parked) => {}
-                Ok(_) => {}
-                Err(e) => core.record(e),
-            }
-            wake(core, region, page);
-            Resolution::AlreadyMapped
-        }
-    }
 }
 
 /// A refusal the kernel may lift (a reference held for a moment, a split
@@ -350,6 +304,14 @@ fn refault(
 ) -> Option<Resolution> {
     let at = how.addr & !(PAGE_SIZE - 1);
     match pagemove::is_empty(core, at, PAGE_SIZE) {
+        Ok(false) if super::protect::in_thread(core) => {
+            // In-thread, a SIGBUS on a mapped page is a write-protect fault
+            // whose signal context did not say so (an architecture without
+            // x86's error code), or a racing fault that was served first:
+            // lifting the protection serves the one and costs the other
+            // only its clean drop.
+            return Some(super::protect::lift(core, region, page, how));
+        }
         Ok(false) => {
             wake(core, region, page);
             return Some(Resolution::AlreadyMapped);

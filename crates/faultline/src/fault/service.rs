@@ -190,26 +190,15 @@ pub(crate) fn handle(
     (ev, stamp): Queued,
     rest: &mut VecDeque<Queued>,
 ) -> Resolution {
-    let (addr, tid, write, wp) = match ev {
-        Event::PageFault {
-            addr,
-            tid,
-            write,
-            wp,
-            ..
-        } => (addr, tid, write, wp),
-        Event::Unmap { start, end } => {
-            super::unmap::unmapped(core, start, end, stamp);
-            core.unmap_handled();
-            return Resolution::Stray;
-        }
-        Event::Remove { start, end } => {
-            // It waits for page locks.
-            defer(core, rest);
-            super::program_drop::removed(core, start, end, stamp);
-            return Resolution::Stray;
-        }
-        Event::Other(_) => return Resolution::Stray,
+    let Event::PageFault {
+        addr,
+        tid,
+        write,
+        wp,
+        ..
+    } = ev
+    else {
+        return not_a_fault(core, (ev, stamp), rest);
     };
     // A fault by a thread inside a store call made under a fault lock: its
     // store touched a region (`nesting.rs`).
@@ -272,6 +261,24 @@ pub(crate) fn handle(
     };
     count(core, worker, res, t0);
     res
+}
+
+/// An event other than a page fault: an unmap, a removal (which waits for
+/// page locks: the rest of the batch is deferred first), or one not asked
+/// for.
+fn not_a_fault(core: &Core, (ev, stamp): Queued, rest: &mut VecDeque<Queued>) -> Resolution {
+    match ev {
+        Event::Unmap { start, end } => {
+            super::unmap::unmapped(core, start, end, stamp);
+            core.unmap_handled();
+        }
+        Event::Remove { start, end } => {
+            defer(core, rest);
+            super::program_drop::removed(core, start, end, stamp);
+        }
+        Event::PageFault { .. } | Event::Other(_) => {}
+    }
+    Resolution::Stray
 }
 
 /// Counts a served fault: its page size, its outcome, its service time

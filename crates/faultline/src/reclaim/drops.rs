@@ -42,6 +42,20 @@ use std::sync::atomic::Ordering;
 /// (`SWAP_CLUSTER_MAX`). Each holds its fault lock until the drop.
 pub(super) const BATCH: usize = 32;
 
+/// The frame of `page` if it is resident and protected in pool 0 (the
+/// budget's): dropped in a batch, not stepped. The caller
+/// holds its fault lock.
+pub(super) fn protected_frame(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
+    match r.state(page) {
+        PageState::Resident(f)
+            if !r.dying() && r.is_protected(page) && core.alloc.pool_of(f) == 0 =>
+        {
+            Some(f)
+        }
+        _ => None,
+    }
+}
+
 /// One protected page waiting for its batch's drop.
 struct Pending<'a> {
     region: &'a RegionInner,

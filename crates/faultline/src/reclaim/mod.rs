@@ -44,6 +44,7 @@ use crate::budget;
 use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
+use crate::locks::FaultGuard;
 use crate::pagemove::{self, Patience, TryPark};
 use crate::publish::{self, Publisher};
 use crate::region::{PageState, RegionInner};
@@ -295,16 +296,7 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
     if total == 0 {
         return 0;
     }
-    let (mut ri, mut page) = {
-        let h = core.hand.lock();
-        let ri = regions.partition_point(|r| r.start() < h.region_start);
-        let page = if regions.get(ri).is_some_and(|r| r.start() == h.region_start) {
-            h.page
-        } else {
-            0
-        };
-        (ri, page)
-    };
+    let (mut ri, mut page) = hand_start(core, &regions);
     let mut freed = 0;
     let mut steps = 0;
     // Evicted frames go back in batches through `free_bulk`, which merges
@@ -339,20 +331,11 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
         if evicted.len() >= 64 {
             core.alloc.free_bulk(&mut evicted);
         }
-        let (domain, key) = r.lock_key(page);
-        let idx = core.locks.index(domain, key);
-        let _guard = if held == Some(idx) {
-            None
-        } else {
-            match core.locks.try_lock(domain, key) {
-                Some(g) => Some(g),
-                None => {
-                    page += 1;
-                    continue;
-                }
-            }
+        let Some((idx, _guard)) = try_page_lock(core, r, page, held) else {
+            page += 1;
+            continue;
         };
-        if let Some(f) = protected_frame(core, r, page) {
+        if let Some(f) = drops::protected_frame(core, r, page) {
             drops.push(r, page, f, _guard);
             if drops.is_full() {
                 freed += drops.drop_all(core, &mut evicted);
@@ -378,18 +361,28 @@ fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -
     freed
 }
 
-/// The frame of `page` if it is resident and protected in pool 0 (the
-/// budget's): dropped in a batch, not stepped (`drops.rs`). The caller
-/// holds its fault lock.
-fn protected_frame(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
-    match r.state(page) {
-        PageState::Resident(f)
-            if !r.dying() && r.is_protected(page) && core.alloc.pool_of(f) == 0 =>
-        {
-            Some(f)
-        }
-        _ => None,
+/// Where the hand stands among `regions`: (region index, page).
+fn hand_start(core: &Core, regions: &[&Arc<RegionInner>]) -> (usize, usize) {
+    let h = core.hand.lock();
+    let ri = regions.partition_point(|r| r.start() < h.region_start);
+    let same = regions.get(ri).is_some_and(|r| r.start() == h.region_start);
+    (ri, if same { h.page } else { 0 })
+}
+
+/// `page`'s fault lock for the hand: its index and guard (`None`: the
+/// caller's own, `held`), or `None` if another holds it (the page is busy).
+fn try_page_lock<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    page: usize,
+    held: Option<usize>,
+) -> Option<(usize, Option<FaultGuard<'a>>)> {
+    let (domain, key) = r.lock_key(page);
+    let idx = core.locks.index(domain, key);
+    if held == Some(idx) {
+        return Some((idx, None));
     }
+    core.locks.try_lock(domain, key).map(|g| (idx, Some(g)))
 }
 
 /// One page under the hand; the caller holds its fault lock. Returns pages
