@@ -20,18 +20,24 @@ use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::PAGE_SIZE;
 
-/// Whether a unit filled from `source` for fault `how` goes in
-/// write-protected: the store's bytes, for a read, in a region that tracks
-/// dirt, under [`FillModel::CopyProtected`] (and only where it is copied
-/// in: `pagemove::copy_in` says).
+/// Whether a unit of `count` pages filled from `source` for fault `how`
+/// goes in write-protected: under [`FillModel::CopyProtected`], the
+/// store's bytes, for a read, in a region that tracks dirt, and a page
+/// alone — a random miss, whose park would cost a flush of its own. A
+/// read-ahead or fault-around run is a stream's: its pages are parked
+/// together (`reclaim/runs.rs`, one flush per run) and left so (protected
+/// runs, dropped in batches, read 30% slower in order in-thread:
+/// measurements.md §20). Only where it is copied in, too
+/// (`pagemove::copy_in` says).
 pub(super) fn fills_protected(
     core: &Core,
     region: &RegionInner,
-    source: FillSource,
+    (source, count): (FillSource, usize),
     how: &Fault,
 ) -> bool {
     core.config.fill_model == FillModel::CopyProtected
         && source == FillSource::Store
+        && count == 1
         && !how.write
         && region.tracks_dirt()
 }

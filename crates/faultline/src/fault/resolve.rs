@@ -74,7 +74,7 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
             return poison(core, region, page, e, how);
         }
     };
-    let protect = super::protect::fills_protected(core, region, source, how);
+    let protect = super::protect::fills_protected(core, region, (source, u.count), how);
     let offer = u.offer;
     let res = map_in(core, region, page, u, how, protect);
     if let (Resolution::Moved, Some(next)) = (res, offer) {

@@ -30,6 +30,9 @@ pub struct ChildArgs {
     pub file: PathBuf,
     #[arg(long)]
     pub budget: usize,
+    /// `random-read`, `random-write`, `random-mixed` (reads, one in four
+    /// written back), `random-hot` (reads, nine in ten in a hot tenth of
+    /// the pages), `seq-read`, `seq-write`.
     #[arg(long)]
     pub pattern: String,
     /// Kernel side: `none`, `random` or `sequential` (`madvise`).
@@ -123,6 +126,13 @@ pub(crate) fn drive(
 ) -> f64 {
     let pages = len / 4096;
     let write = pattern.ends_with("write");
+    // `random-mixed`: every op reads its word, and one op in four writes
+    // it back changed (a read-modify-write: the write finds its page
+    // mapped by the read).
+    let mixed = pattern.ends_with("mixed");
+    // `random-hot`: nine reads in ten go to the first tenth of the pages
+    // (a hot set that fits a budget of a fifth), the rest anywhere.
+    let hot = pattern.ends_with("hot");
     let random = pattern.starts_with("random");
     let t = Instant::now();
     let done: usize = std::thread::scope(|s| {
@@ -137,7 +147,9 @@ pub(crate) fn drive(
                         if i % 256 == 0 && t.elapsed().as_secs_f64() > secs {
                             break;
                         }
-                        let p = if random {
+                        let p = if hot && next() % 10 < 9 {
+                            next() as usize % (pages / 10).max(1)
+                        } else if random {
                             next() as usize % pages
                         } else {
                             (start + i) % pages
@@ -149,7 +161,12 @@ pub(crate) fn drive(
                             unsafe { a.write_volatile(i as u64) };
                         } else {
                             // SAFETY: as above.
-                            sum = sum.wrapping_add(unsafe { a.read_volatile() });
+                            let v = unsafe { a.read_volatile() };
+                            sum = sum.wrapping_add(v);
+                            if mixed && i % 4 == 0 {
+                                // SAFETY: as above.
+                                unsafe { a.write_volatile(v.wrapping_add(1)) };
+                            }
                         }
                         i += 1;
                     }
