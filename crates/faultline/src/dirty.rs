@@ -159,6 +159,23 @@ pub(crate) fn zeroed_vec(n: usize) -> Vec<AtomicU64> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_protected_mark_is_one_frames_alone() {
+        let fps = Fingerprints::new(200);
+        for f in [0, 63, 64, 130, 199] {
+            fps.set_protected(f, true);
+        }
+        for f in 0..200 {
+            let want = [0, 63, 64, 130, 199].contains(&f);
+            assert_eq!(fps.is_protected(f), want, "frame {f}");
+        }
+        fps.set_protected(64, false);
+        fps.set_protected(65, false);
+        assert!(!fps.is_protected(64) && !fps.is_protected(65));
+        assert!(fps.is_protected(63) && fps.is_protected(130));
+        assert_eq!(fps.bytes(), (400 + 4) * 8);
+    }
+
     impl Fingerprints {
         fn is_clean(&self, frame: u32, bytes: &[u8]) -> bool {
             self.get(frame) == Some(fingerprint(bytes))

@@ -503,6 +503,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_protected_copy_model_hears_no_removals() {
+        let mut c = Config::default();
+        assert!(c.hears_removals());
+        c.fill_model = FillModel::CopyProtected;
+        assert!(!c.hears_removals(), "each clean drop would be an event");
+        assert!(c.fill_model.copies() && FillModel::Copy.copies());
+        assert!(!FillModel::Move.copies());
+        c.fill_model = FillModel::Copy;
+        c.program_removals = false;
+        assert!(!c.hears_removals());
+    }
+
+    #[test]
     fn default_is_valid() {
         Config::default().validate().expect("default config");
     }
