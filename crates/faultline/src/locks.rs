@@ -23,8 +23,10 @@
 //! fault, so the lock is as good as the server's ([`FaultLocks::owner`]
 //! tells who holds it). Locks are leaves: while one is held only the allocator's
 //! locks, the pool's split lock and the stats histogram lock are taken, and
-//! they are leaves too — with two exceptions that cannot wait in a cycle:
-//! read-ahead only *tries* further fault locks, and migration takes several
+//! they are leaves too — with three exceptions that cannot wait in a cycle:
+//! read-ahead only *tries* further fault locks, the reclaim hand only
+//! *tries* the locks of the up to 32 clean pages it batches (and holds them
+//! until their drop: `reclaim/drops.rs`), and migration takes several
 //! with [`FaultLocks::lock_all`], always in ascending index order, while
 //! holding none.
 

@@ -55,10 +55,13 @@ fn run(model: FillModel) {
 }
 
 fn run_in(model: FillModel, mode: FaultMode) {
+    run_with(manager_in(model, mode), model)
+}
+
+fn run_with(mm: faultline::Manager, model: FillModel) {
     let dir = ScratchDir::new("fill-model");
     let initial: Vec<u8> = (0..PAGES * PAGE).map(|i| (i % 253) as u8).collect();
     let path = dir.file("data", &initial);
-    let mm = manager_in(model, mode);
     let r = map(&mm, &path);
     // Each of 2 threads owns the pages of one parity, and writes the first
     // 8 words of random pages of its own, round after round; every page's
@@ -151,6 +154,17 @@ fn protected_copy_in_thread_keeps_every_word() {
     run_in(FillModel::CopyProtected, FaultMode::InThread);
 }
 
+/// One fault lock for every page (the seed's baseline): the hand's batch
+/// holds it from the first clean page on, and must still step the rest
+/// (under the lock it holds) rather than pass every page over.
+#[test]
+fn protected_copy_with_one_fault_lock_keeps_every_word() {
+    let mut c = config(BUDGET);
+    c.fill_model = FillModel::CopyProtected;
+    c.experiment.locks = faultline::LockMode::Global;
+    run_with(manager_with(c), FillModel::CopyProtected);
+}
+
 /// Dead copies do not outlive a quiet moment: the background reclaimer
 /// drops the queue at its next check, so a manager that stops filling
 /// holds no more than its budget.
@@ -189,4 +203,46 @@ fn dead_copies_are_dropped_when_faults_stop() {
             0x0505_0505_0505_0505
         );
     }
+}
+
+/// In-thread, a page read (so mapped write-protected) is not yet writable
+/// by the kernel: a `read(2)` into it fails with `EFAULT`, as into an
+/// absent page. `Region::prefetch` lifts the protection, and the kernel's
+/// write then lands; the page's store bytes elsewhere are intact.
+#[test]
+fn protected_copy_in_thread_prefetch_readies_pages_for_the_kernel() {
+    let dir = ScratchDir::new("fill-model-prefetch");
+    let path = dir.file("data", &vec![7u8; 64 * PAGE]);
+    let mut src = tempfile_in(&dir, &[0x42u8; PAGE]);
+    let mm = manager_in(FillModel::CopyProtected, FaultMode::InThread);
+    let r = map(&mm, &path);
+    // Page 9 (no read-ahead: a lone read) read, so mapped protected.
+    assert_eq!(r.load_u64(9 * PAGE).expect("load"), 0x0707_0707_0707_0707);
+    let into = |r: &Region, src: &mut std::fs::File| {
+        use std::io::Seek;
+        src.seek(std::io::SeekFrom::Start(0)).expect("seek");
+        // SAFETY: page 9 of the region, which outlives the call; the
+        // kernel writes it (or fails) and no Rust reference points there.
+        let n = unsafe {
+            libc::read(
+                std::os::fd::AsRawFd::as_raw_fd(&*src),
+                r.as_ptr().add(9 * PAGE).cast_mut().cast(),
+                PAGE,
+            )
+        };
+        (n, std::io::Error::last_os_error().raw_os_error())
+    };
+    let (n, errno) = into(&r, &mut src);
+    assert_eq!((n, errno), (-1, Some(libc::EFAULT)), "a protected page");
+    assert_eq!(r.prefetch(9 * PAGE..10 * PAGE).expect("prefetch"), 0);
+    let (n, _) = into(&r, &mut src);
+    assert_eq!(n, PAGE as isize, "after prefetch");
+    assert_eq!(r.load_u64(9 * PAGE).expect("load"), 0x4242_4242_4242_4242);
+    assert_eq!(r.load_u64(10 * PAGE).expect("load"), 0x0707_0707_0707_0707);
+}
+
+/// A file under `dir` holding `bytes`, open for reading.
+fn tempfile_in(dir: &ScratchDir, bytes: &[u8]) -> std::fs::File {
+    let path = dir.file("source", bytes);
+    std::fs::File::open(path).expect("open")
 }

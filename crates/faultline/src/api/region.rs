@@ -161,7 +161,10 @@ impl<A: Access> Region<A> {
     /// Maps the pages of bytes `range` of the region (offsets from its
     /// start) now, so that touching them does not fault: each absent page
     /// is filled (fault-around and read-ahead apply) and moved in from this
-    /// thread. Returns how many pages were mapped.
+    /// thread, writable (under [`crate::FillModel::CopyProtected`] a page
+    /// mapped write-protected has its protection lifted), so the kernel's
+    /// own accesses to it work in any fault mode. Returns how many pages
+    /// were mapped.
     ///
     /// # Errors
     /// [`FaultError::BadRange`] for a range not inside the region; a page

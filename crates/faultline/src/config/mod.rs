@@ -10,11 +10,13 @@
 //! Plain data, no locks.
 
 mod experiment;
+mod fill;
 mod map_options;
 mod sizing;
 
 pub use experiment::{CopyMethod, Experiment, FillOrder, LockMode, LookupCache};
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
+pub use fill::FillModel;
 pub(crate) use map_options::Fixed;
 pub use map_options::{AccessPattern, MapOptions};
 
@@ -177,39 +179,6 @@ pub struct Config {
     /// table, per-CPU lists, clear order, lookup cache, migration copy).
     /// Users leave it at its default.
     pub experiment: Experiment,
-}
-
-/// How a filled 4 KiB page is put into a region ([`Config::fill_model`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-pub enum FillModel {
-    /// `UFFDIO_MOVE` of the frame: no copy, but clearing the frame's pool
-    /// slot flushes the TLB of every CPU the program runs on.
-    Move,
-    /// `UFFDIO_COPY` of the frame's bytes into a fresh page: no flush; the
-    /// slot's dead copy is dropped later with 63 others, one flush for all
-    /// (`frame/stale.rs`). A 4 KiB miss under a full budget costs 1.0
-    /// shootdowns instead of 1.9 (docs/measurements.md, "Fill by copy").
-    #[default]
-    Copy,
-    /// `Copy`, and a 4 KiB page read from its store for a read fault goes
-    /// in write-protected (`UFFDIO_COPY_MODE_WP`): until its first write —
-    /// a write-protect fault, which lifts the protection — the kernel
-    /// keeps it exactly the store's copy, so reclaim drops it from the
-    /// region with up to 31 others in one `process_madvise` (one TLB flush
-    /// for the batch) instead of parking it (a flush each). Costs: a first
-    /// write after a read takes a write-protect fault (a round trip and a
-    /// flush); a dropped page gets no second chance (its next touch reads
-    /// the store); and the program's own `MADV_DONTNEED` is not heard
-    /// ([`Config::program_removals`] is off in this model: each of
-    /// faultline's drops would be a removal event to wait for).
-    CopyProtected,
-}
-
-impl FillModel {
-    /// Whether filled 4 KiB pages go in by copy (`Copy`, `CopyProtected`).
-    pub fn copies(self) -> bool {
-        matches!(self, FillModel::Copy | FillModel::CopyProtected)
-    }
 }
 
 /// Who serves a region's missing-page faults ([`Config::fault_mode`]).

@@ -36,6 +36,7 @@
 pub(crate) mod ahead;
 pub(crate) mod inthread;
 mod offers;
+mod prefetch;
 mod program_drop;
 mod protect;
 mod reread;
@@ -44,7 +45,7 @@ pub(crate) mod service;
 mod unit;
 pub(crate) mod unmap;
 
-pub(crate) use resolve::prefetch_page;
+pub(crate) use prefetch::prefetch_page;
 
 /// What happened to one fault event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

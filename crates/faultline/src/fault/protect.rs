@@ -18,7 +18,8 @@ use crate::fill::FillSource;
 use crate::pagemove::{self, Patience};
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
-use faultline_sys::PAGE_SIZE;
+use faultline_sys::uffd::Resolved;
+use faultline_sys::{SysError, PAGE_SIZE};
 
 /// Whether a unit of `count` pages filled from `source` for fault `how`
 /// goes in write-protected: under [`FillModel::CopyProtected`], the
@@ -76,8 +77,8 @@ pub(super) fn lift(core: &Core, region: &RegionInner, page: usize, how: &Fault) 
     // In-thread, nobody waits on the userfaultfd: the thread retries when
     // its handler returns.
     let dontwake = core.config.fault_mode == FaultMode::InThread;
-    match core.uffd.write_protect(at, PAGE_SIZE, false, dontwake) {
-        Ok(_) => {
+    match unprotect(core, at, dontwake) {
+        Ok(()) => {
             Stats::bump(&core.stats.protection_lifted);
             Resolution::AlreadyMapped
         }
@@ -90,4 +91,27 @@ pub(super) fn lift(core: &Core, region: &RegionInner, page: usize, how: &Fault) 
             Resolution::AlreadyMapped
         }
     }
+}
+
+/// Clears the kernel's write protection of the 4 KiB page at `at` (waking
+/// its waiters unless `dontwake`). `EAGAIN` — an unmap event not read yet
+/// (`mmap_changing`), which also leaves the waiters asleep — is retried
+/// after pumping the events, as the fill of a pool hole is
+/// (`pagemove::fill_holes`); an error, or `EAGAIN` for ever, is returned.
+fn unprotect(core: &Core, at: usize, dontwake: bool) -> Result<(), SysError> {
+    for round in 0..1000 {
+        match core.uffd.write_protect(at, PAGE_SIZE, false, dontwake)? {
+            Resolved::Done => return Ok(()),
+            _ => {
+                core.pump_events();
+                pagemove::backoff(round);
+            }
+        }
+    }
+    Err(SysError {
+        op: "UFFDIO_WRITEPROTECT",
+        addr: at,
+        len: PAGE_SIZE,
+        errno: libc::EAGAIN,
+    })
 }

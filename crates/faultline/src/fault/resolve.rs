@@ -337,20 +337,6 @@ fn refault(
     }
 }
 
-/// Maps `page` of `region` now, from the calling (application) thread: the
-/// fault path without a fault, for `Region::prefetch`. Takes the page's lock
-/// like a worker; a page already there is left alone.
-pub(crate) fn prefetch_page(core: &Core, region: &RegionInner, page: usize) -> Resolution {
-    let (domain, key) = region.lock_key(page);
-    let _guard = core.locks.lock(domain, key);
-    match region.state(page) {
-        PageState::Absent | PageState::Parked(_) | PageState::Poisoned => {
-            resolve(core, region, page, &Fault::at(region.page_addr(page)))
-        }
-        PageState::Resident(_) | PageState::Gone => Resolution::AlreadyMapped,
-    }
-}
-
 /// A fault on a page the program unmapped (part of) itself. On the part it
 /// unmapped, a fault reported before the unmap: wake (the thread retries and
 /// gets the kernel's answer, SIGSEGV). On what is left of a 2 MiB page: its

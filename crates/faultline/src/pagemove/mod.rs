@@ -345,7 +345,7 @@ pub(crate) unsafe fn move_back(
 
 /// A few quick retries, then back off: a source the kernel holds for a
 /// moment (a per-CPU LRU batch, a split in progress) needs time, not spin.
-pub(super) fn backoff(round: u32) {
+pub(crate) fn backoff(round: u32) {
     if round < 8 {
         std::thread::yield_now();
     } else {

@@ -18,7 +18,15 @@
 //! retries into a fresh fill. Holding up to [`BATCH`] locks cannot
 //! deadlock: the hand only ever *tries* locks (`reclaim/mod.rs`), and the
 //! drop waits for nothing a lock holder may be waiting on (faulting
-//! threads wait for the lock in user space, holding no kernel lock).
+//! threads wait for the lock in user space, holding no kernel lock). The
+//! hand drops its batch before anything that may call a store (a parked
+//! page's eviction: a store that touches a region would fault under the
+//! batch's locks) and before it comes round again; meanwhile pages under a
+//! lock the batch holds are the hand's to step ([`CleanDrops::holds`]).
+//! At the drop each page is checked again (still resident in its frame,
+//! protected, its range still mapped by the region): the hand's own thread
+//! may have changed it under a lock it holds, and an unmap may be waiting
+//! for one.
 //! Regions' userfaultfd asks for no removal events in this model
 //! (`Config::hears_removals`), so the drop is not stopped by one.
 //!
@@ -61,7 +69,10 @@ struct Pending<'a> {
     region: &'a RegionInner,
     page: usize,
     frame: u32,
-    /// Its fault lock (`None`: the reclaiming fault's own, held already).
+    /// The index of the fault lock its guard holds, if it has one.
+    lock: Option<usize>,
+    /// Its fault lock (`None`: one the hand holds already — the reclaiming
+    /// fault's own, or another batched page's).
     _guard: Option<FaultGuard<'a>>,
 }
 
@@ -73,7 +84,7 @@ pub(super) struct CleanDrops<'a> {
 
 impl<'a> CleanDrops<'a> {
     /// Adds protected `page` of `region` (frame `frame`), whose lock
-    /// `guard` holds (or the caller does). A page already in the batch is
+    /// `guard` holds (lock `idx`), or the caller does (`guard` `None`). A page already in the batch is
     /// not added again (its frame would be freed twice: the hand drops the
     /// batch before it comes round, so this is a second line).
     pub(super) fn push(
@@ -81,7 +92,7 @@ impl<'a> CleanDrops<'a> {
         region: &'a RegionInner,
         page: usize,
         frame: u32,
-        guard: Option<FaultGuard<'a>>,
+        (idx, guard): (usize, Option<FaultGuard<'a>>),
     ) {
         let again = self
             .pending
@@ -95,8 +106,14 @@ impl<'a> CleanDrops<'a> {
             region,
             page,
             frame,
+            lock: guard.as_ref().map(|_| idx),
             _guard: guard,
         });
+    }
+
+    /// Whether the batch is empty.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
     }
 
     /// Whether the batch is full.
@@ -104,33 +121,73 @@ impl<'a> CleanDrops<'a> {
         self.pending.len() >= BATCH
     }
 
-    /// Drops the batch (see the module docs), releasing its locks; frames
-    /// freed are pushed on `evicted` for the caller to free. Returns pages
-    /// freed.
+    /// Whether the batch holds fault lock `idx`: a page under it is the
+    /// hand's to step as it is (as under the reclaiming fault's own lock),
+    /// or with one lock for every page (`LockMode::Global`) the first
+    /// page batched would stop the hand for the rest of its walk.
+    pub(super) fn holds(&self, idx: usize) -> bool {
+        self.pending.iter().any(|p| p.lock == Some(idx))
+    }
+
+    /// Drops the batch (see the module docs), releasing its locks only
+    /// once every page of it is dropped (a page of one region may be under
+    /// the lock a page of another holds); frames freed are pushed on
+    /// `evicted` for the caller to free. Returns pages freed.
     pub(super) fn drop_all(&mut self, core: &Core, evicted: &mut Vec<Frame>) -> usize {
+        let pending = std::mem::take(&mut self.pending);
         let mut freed = 0;
-        while let Some(first) = self.pending.first() {
+        let mut done = vec![false; pending.len()];
+        for i in 0..pending.len() {
+            if done[i] {
+                continue;
+            }
             // One call per region (a batch usually holds one).
-            let region = first.region;
-            let (mine, rest): (Vec<Pending<'a>>, Vec<Pending<'a>>) = self
-                .pending
-                .drain(..)
-                .partition(|p| std::ptr::eq(p.region, region));
-            self.pending = rest;
-            freed += drop_region_pages(core, region, mine, evicted);
+            let region = pending[i].region;
+            let mine: Vec<&Pending<'_>> = (i..pending.len())
+                .filter(|&j| std::ptr::eq(pending[j].region, region))
+                .inspect(|&j| done[j] = true)
+                .map(|j| &pending[j])
+                .collect();
+            freed += drop_region_pages(core, region, &mine, evicted);
         }
+        drop(pending);
         freed
     }
 }
 
-/// Drops `pages` (all of `region`, protected, under their locks) with one
-/// call; returns pages freed.
+/// Whether pending `p` is still what it was when batched: resident in its
+/// frame, protected, its region live there. Its lock has been held since,
+/// but the hand's own thread may have changed it meanwhile (a park of a
+/// run it reached under a lock it holds, or a store call of its own whose
+/// fault on this page was served under that lock, lifting the mark); and
+/// the program may have unmapped the range (and mapped something else
+/// there) while the unmap's handler waits for this lock.
+fn still_protected(region: &RegionInner, p: &Pending<'_>) -> bool {
+    let addr = region.page_addr(p.page);
+    region.state(p.page) == PageState::Resident(p.frame)
+        && region.is_protected(p.page)
+        && !region.dying()
+        && region
+            .map
+            .live_ranges()
+            .iter()
+            .any(|&(s, e)| addr >= s && addr + PAGE_SIZE <= e)
+}
+
 fn drop_region_pages(
     core: &Core,
     region: &RegionInner,
-    pages: Vec<Pending<'_>>,
+    pages: &[&Pending<'_>],
     evicted: &mut Vec<Frame>,
 ) -> usize {
+    let pages: Vec<&Pending<'_>> = pages
+        .iter()
+        .copied()
+        .filter(|p| still_protected(region, p))
+        .collect();
+    if pages.is_empty() {
+        return 0;
+    }
     let ranges: Vec<(usize, usize)> = pages
         .iter()
         .map(|p| (region.page_addr(p.page), PAGE_SIZE))
@@ -151,7 +208,7 @@ fn drop_region_pages(
         }
     };
     let mut freed = 0;
-    for p in &pages {
+    for p in pages {
         let addr = region.page_addr(p.page);
         if !all && !pagemove::is_empty(core, addr, PAGE_SIZE).unwrap_or(false) {
             // Not dropped: still resident, still protected.

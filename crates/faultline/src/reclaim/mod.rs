@@ -36,15 +36,17 @@
 //! Locks: each page is stepped under its fault lock, taken with `try_lock`
 //! (a held lock is skipped: its page is busy, and a worker that reclaims while
 //! holding its own page's lock must not wait on another) — except pages under
-//! the lock the reclaiming worker itself holds, which it may step as they are.
-//! The page being faulted is absent, so the worker never steps it. The hand's
-//! mutex is a leaf held only to read and store the hand.
+//! the lock the reclaiming worker itself holds, which it may step as they are,
+//! and pages under a lock its batch of clean pages holds (`drops.rs`: those
+//! locks are kept until the batch is dropped, which happens before any
+//! eviction that may call a store and before the hand comes round). The page
+//! being faulted is absent, so the worker never steps it. The hand's mutex
+//! is a leaf held only to read and store the hand.
 
 use crate::budget;
 use crate::core::Core;
 use crate::error::{BudgetError, FaultError};
 use crate::frame::{Frame, FrameAllocator};
-use crate::locks::FaultGuard;
 use crate::pagemove::{self, Patience, TryPark};
 use crate::publish::{self, Publisher};
 use crate::region::{PageState, RegionInner};
@@ -52,12 +54,12 @@ use crate::stats::Stats;
 use crate::writeback;
 use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
 
 mod cursor;
 mod drops;
 mod faulting;
+mod hand;
 mod runs;
 
 /// Longest run of pages parked with one move, or written back with one
@@ -278,111 +280,7 @@ pub(crate) fn reclaim(
     enough: impl Fn() -> bool,
 ) -> usize {
     let _passing = Passing::new(core);
-    clock_pass(core, want, held, enough)
-}
-
-/// One [`reclaim`] pass of the hand.
-fn clock_pass(core: &Core, want: usize, held: Option<usize>, enough: impl Fn() -> bool) -> usize {
-    // The snapshot, borrowed (no reference count touched per region). The
-    // hand visits only pages in use (`cursor.rs`): two turns
-    // are about twice the pages holding frames.
-    let snap = core.table.snapshot();
-    let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
-    let total: usize = regions
-        .iter()
-        .filter(|r| worth_walking(r))
-        .map(|r| r.holding() + 1)
-        .sum();
-    if total == 0 {
-        return 0;
-    }
-    let (mut ri, mut page) = hand_start(core, &regions);
-    let mut freed = 0;
-    let mut steps = 0;
-    // Evicted frames go back in batches through `free_bulk`, which merges
-    // neighbours into runs (read-ahead allocates runs).
-    let mut evicted: Vec<Frame> = Vec::with_capacity(64);
-    // Protected pages, with their locks, until their batch is dropped.
-    let mut drops = drops::CleanDrops::default();
-    let mut used = cursor::UsedPages::default();
-    while freed < want && steps < 2 * total + regions.len() && !enough() {
-        if ri >= regions.len() {
-            // The hand comes round again: the batch goes first, or a page
-            // in it under `held` (no guard of its own to refuse the hand)
-            // would be met again — pushed twice, its frame freed twice.
-            freed += drops.drop_all(core, &mut evicted);
-            ri = 0;
-            page = 0;
-        }
-        let r = &regions[ri];
-        let next = worth_walking(r).then(|| used.next(r, page)).flatten();
-        let Some(next) = next else {
-            ri += 1;
-            page = 0;
-            steps += 1;
-            continue;
-        };
-        page = next;
-        steps += 1;
-        if r.pins.contains(page) || r.held.contains(page) {
-            page += 1;
-            continue;
-        }
-        if evicted.len() >= 64 {
-            core.alloc.free_bulk(&mut evicted);
-        }
-        let Some((idx, _guard)) = try_page_lock(core, r, page, held) else {
-            page += 1;
-            continue;
-        };
-        if let Some(f) = drops::protected_frame(core, r, page) {
-            drops.push(r, page, f, _guard);
-            if drops.is_full() {
-                freed += drops.drop_all(core, &mut evicted);
-            }
-            page += 1;
-            continue;
-        }
-        let (run, run_freed) = runs::any_run(core, r, page, idx, held, &mut evicted);
-        if run > 0 {
-            freed += run_freed;
-            steps += run - 1;
-            page += run;
-            continue;
-        }
-        freed += step(core, r, page, &mut evicted);
-        page += 1;
-    }
-    freed += drops.drop_all(core, &mut evicted);
-    core.alloc.free_bulk(&mut evicted);
-    let mut h = core.hand.lock();
-    h.region_start = regions.get(ri).map_or(0, |r| r.start());
-    h.page = page;
-    freed
-}
-
-/// Where the hand stands among `regions`: (region index, page).
-fn hand_start(core: &Core, regions: &[&Arc<RegionInner>]) -> (usize, usize) {
-    let h = core.hand.lock();
-    let ri = regions.partition_point(|r| r.start() < h.region_start);
-    let same = regions.get(ri).is_some_and(|r| r.start() == h.region_start);
-    (ri, if same { h.page } else { 0 })
-}
-
-/// `page`'s fault lock for the hand: its index and guard (`None`: the
-/// caller's own, `held`), or `None` if another holds it (the page is busy).
-fn try_page_lock<'a>(
-    core: &'a Core,
-    r: &RegionInner,
-    page: usize,
-    held: Option<usize>,
-) -> Option<(usize, Option<FaultGuard<'a>>)> {
-    let (domain, key) = r.lock_key(page);
-    let idx = core.locks.index(domain, key);
-    if held == Some(idx) {
-        return Some((idx, None));
-    }
-    core.locks.try_lock(domain, key).map(|g| (idx, Some(g)))
+    hand::clock_pass(core, want, held, enough)
 }
 
 /// One page under the hand; the caller holds its fault lock. Returns pages

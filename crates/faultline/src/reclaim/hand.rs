@@ -1,0 +1,168 @@
+//! One pass of the clock hand ([`clock_pass`]): over the store-backed
+//! regions that hold frames, from where the last pass stopped, until enough
+//! frames are freed or two turns are done. Each page in use is visited
+//! under its fault lock: a clean write-protected page joins the batch that
+//! is dropped without parking (`drops.rs`), a run of pages is parked or
+//! evicted with one call (`runs.rs`), anything else is stepped alone
+//! (`mod.rs: step`: park a resident page, evict a parked one).
+//!
+//! Invariants: the batch is dropped before the hand comes round again (a
+//! page in it would be met twice) and before a parked page is visited (its
+//! eviction may call a store, which must not run under the batch's
+//! locks); evicted frames go back in batches through `free_bulk`, which
+//! merges neighbours into runs.
+//!
+//! Locks: each page's fault lock, only tried (a held one: the page is
+//! busy, skipped) — except those the hand holds already: the reclaiming
+//! fault's own (`held`) and its batch's. The hand's mutex, a leaf, to read
+//! and store where it stands.
+
+use super::cursor::UsedPages;
+use super::drops::{self, CleanDrops};
+use super::{runs, step, worth_walking};
+use crate::core::Core;
+use crate::frame::{Frame, FrameAllocator};
+use crate::locks::FaultGuard;
+use crate::region::{PageState, RegionInner};
+use std::sync::Arc;
+
+/// One [`super::reclaim`] pass of the hand; returns pages freed.
+pub(super) fn clock_pass(
+    core: &Core,
+    want: usize,
+    held: Option<usize>,
+    enough: impl Fn() -> bool,
+) -> usize {
+    // The snapshot, borrowed (no reference count touched per region). The
+    // hand visits only pages in use (`cursor.rs`): two turns are about
+    // twice the pages holding frames.
+    let snap = core.table.snapshot();
+    let regions: Vec<&Arc<RegionInner>> = snap.iter().collect();
+    let total: usize = regions
+        .iter()
+        .filter(|r| worth_walking(r))
+        .map(|r| r.holding() + 1)
+        .sum();
+    if total == 0 {
+        return 0;
+    }
+    let (mut ri, mut page) = hand_start(core, &regions);
+    let mut pass = Pass {
+        core,
+        held,
+        freed: 0,
+        evicted: Vec::with_capacity(64),
+        drops: CleanDrops::default(),
+    };
+    let mut used = UsedPages::default();
+    let mut steps = 0;
+    while pass.freed < want && steps < 2 * total + regions.len() && !enough() {
+        if ri >= regions.len() {
+            pass.drop_batch();
+            ri = 0;
+            page = 0;
+        }
+        let r = &regions[ri];
+        let next = worth_walking(r).then(|| used.next(r, page)).flatten();
+        let Some(next) = next else {
+            ri += 1;
+            page = 0;
+            steps += 1;
+            continue;
+        };
+        let passed = pass.visit(r, next);
+        steps += passed;
+        page = next + passed;
+    }
+    pass.drop_batch();
+    core.alloc.free_bulk(&mut pass.evicted);
+    let mut h = core.hand.lock();
+    h.region_start = regions.get(ri).map_or(0, |r| r.start());
+    h.page = page;
+    pass.freed
+}
+
+/// What one pass carries from page to page.
+struct Pass<'a> {
+    core: &'a Core,
+    /// The reclaiming fault's own lock, if any.
+    held: Option<usize>,
+    freed: usize,
+    /// Frames evicted, freed in batches.
+    evicted: Vec<Frame>,
+    /// Clean pages, with their locks, until their batch is dropped.
+    drops: CleanDrops<'a>,
+}
+
+impl<'a> Pass<'a> {
+    /// Drops the batch of clean pages, counting the frames freed.
+    fn drop_batch(&mut self) {
+        self.freed += self.drops.drop_all(self.core, &mut self.evicted);
+    }
+
+    /// Visits `page` of `r`, a page in use; returns the pages passed (a
+    /// run counts all of its pages).
+    fn visit(&mut self, r: &'a RegionInner, page: usize) -> usize {
+        let core = self.core;
+        if r.pins.contains(page) || r.held.contains(page) {
+            return 1;
+        }
+        if self.evicted.len() >= 64 {
+            core.alloc.free_bulk(&mut self.evicted);
+        }
+        if matches!(r.state(page), PageState::Parked(_)) {
+            // An eviction may call the store: not under the batch's locks
+            // (dropped before this page's lock is taken: it may be one of
+            // them). Read without the lock: a hint, checked again below.
+            self.drop_batch();
+        }
+        let Some((idx, guard)) = try_page_lock(core, r, page, self.held, &self.drops) else {
+            return 1;
+        };
+        if let Some(f) = drops::protected_frame(core, r, page) {
+            self.drops.push(r, page, f, (idx, guard));
+            if self.drops.is_full() {
+                self.drop_batch();
+            }
+            return 1;
+        }
+        if !self.drops.is_empty() && matches!(r.state(page), PageState::Parked(_)) {
+            // Parked since the hint: left for the next pass.
+            return 1;
+        }
+        let (run, run_freed) = runs::any_run(core, r, page, idx, self.held, &mut self.evicted);
+        if run > 0 {
+            self.freed += run_freed;
+            return run;
+        }
+        self.freed += step(core, r, page, &mut self.evicted);
+        drop(guard);
+        1
+    }
+}
+
+/// Where the hand stands among `regions`: (region index, page).
+fn hand_start(core: &Core, regions: &[&Arc<RegionInner>]) -> (usize, usize) {
+    let h = core.hand.lock();
+    let ri = regions.partition_point(|r| r.start() < h.region_start);
+    let same = regions.get(ri).is_some_and(|r| r.start() == h.region_start);
+    (ri, if same { h.page } else { 0 })
+}
+
+/// `page`'s fault lock for the hand: its index and guard (`None`: one the
+/// hand holds already, the caller's own `held` or its batch's), or `None`
+/// if another holds it (the page is busy).
+fn try_page_lock<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    page: usize,
+    held: Option<usize>,
+    drops: &CleanDrops<'_>,
+) -> Option<(usize, Option<FaultGuard<'a>>)> {
+    let (domain, key) = r.lock_key(page);
+    let idx = core.locks.index(domain, key);
+    if held == Some(idx) || drops.holds(idx) {
+        return Some((idx, None));
+    }
+    core.locks.try_lock(domain, key).map(|g| (idx, Some(g)))
+}
