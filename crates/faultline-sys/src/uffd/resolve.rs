@@ -81,21 +81,13 @@ impl Uffd {
         len: usize,
         dontwake: bool,
     ) -> Result<Resolved, SysError> {
-        let mut arg = raw::UffdioCopy {
-            dst: dst as u64,
-            src: src as u64,
-            len: len as u64,
-            mode: if dontwake {
-                raw::UFFDIO_COPY_MODE_DONTWAKE
-            } else {
-                0
-            },
-            copy: 0,
+        let mode = if dontwake {
+            raw::UFFDIO_COPY_MODE_DONTWAKE
+        } else {
+            0
         };
-        if self.ioctl(raw::UFFDIO_COPY, &mut arg) == 0 {
-            return Ok(Resolved::Done);
-        }
-        Self::outcome("UFFDIO_COPY", dst, len, arg.copy)
+        // SAFETY: the caller's contract.
+        unsafe { self.copy_mode(dst, src, len, mode) }
     }
 
     /// [`Uffd::copy`] in `UFFDIO_COPY_MODE_WP`: the pages are mapped
@@ -115,11 +107,26 @@ impl Uffd {
         src: usize,
         len: usize,
     ) -> Result<Resolved, SysError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.copy_mode(dst, src, len, raw::UFFDIO_COPY_MODE_WP) }
+    }
+
+    /// `UFFDIO_COPY` with `mode`.
+    ///
+    /// # Safety
+    /// As [`Uffd::copy`] (and [`Uffd::copy_protected`] for its mode).
+    unsafe fn copy_mode(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        mode: u64,
+    ) -> Result<Resolved, SysError> {
         let mut arg = raw::UffdioCopy {
             dst: dst as u64,
             src: src as u64,
             len: len as u64,
-            mode: raw::UFFDIO_COPY_MODE_WP,
+            mode,
             copy: 0,
         };
         if self.ioctl(raw::UFFDIO_COPY, &mut arg) == 0 {
