@@ -96,22 +96,13 @@ pub(super) fn lift(core: &Core, region: &RegionInner, page: usize, how: &Fault) 
 /// Clears the kernel's write protection of the 4 KiB page at `at` (waking
 /// its waiters unless `dontwake`). `EAGAIN` — an unmap event not read yet
 /// (`mmap_changing`), which also leaves the waiters asleep — is retried
-/// after pumping the events, as the fill of a pool hole is
-/// (`pagemove::fill_holes`); an error, or `EAGAIN` for ever, is returned.
+/// after pumping the events (`pagemove::while_changing`); an error, or
+/// `EAGAIN` for ever, is returned.
 fn unprotect(core: &Core, at: usize, dontwake: bool) -> Result<(), SysError> {
-    for round in 0..1000 {
-        match core.uffd.write_protect(at, PAGE_SIZE, false, dontwake)? {
-            Resolved::Done => return Ok(()),
-            _ => {
-                core.pump_events();
-                pagemove::backoff(round);
-            }
-        }
-    }
-    Err(SysError {
-        op: "UFFDIO_WRITEPROTECT",
-        addr: at,
-        len: PAGE_SIZE,
-        errno: libc::EAGAIN,
-    })
+    pagemove::while_changing(
+        core,
+        ("UFFDIO_WRITEPROTECT", at, PAGE_SIZE),
+        || core.uffd.write_protect(at, PAGE_SIZE, false, dontwake),
+        |r| *r == Resolved::Done,
+    )
 }

@@ -343,9 +343,42 @@ pub(crate) unsafe fn move_back(
     unsafe { move_within(core, req) }
 }
 
+/// Rounds of [`while_changing`] before it gives up.
+const CHANGING_ROUNDS: u32 = 1000;
+
+/// Runs `call`, a userfaultfd ioctl `op` on `[addr, addr + len)`, until it
+/// answers what `done` accepts; any other answer is `EAGAIN` (the address
+/// space is changing: an unmap event not read yet), after which the events
+/// are pumped and the next try backs off — [`CHANGING_ROUNDS`] times, then
+/// `EAGAIN` is `op`'s error. An error ends it at once.
+pub(crate) fn while_changing(
+    core: &Core,
+    (op, addr, len): (&'static str, usize, usize),
+    mut call: impl FnMut() -> Result<Resolved, SysError>,
+    done: impl Fn(&Resolved) -> bool,
+) -> Result<(), SysError> {
+    let mut round = 0;
+    loop {
+        if done(&call()?) {
+            return Ok(());
+        }
+        if round == CHANGING_ROUNDS {
+            return Err(SysError {
+                op,
+                addr,
+                len,
+                errno: libc::EAGAIN,
+            });
+        }
+        core.pump_events();
+        backoff(round);
+        round += 1;
+    }
+}
+
 /// A few quick retries, then back off: a source the kernel holds for a
 /// moment (a per-CPU LRU batch, a split in progress) needs time, not spin.
-pub(crate) fn backoff(round: u32) {
+pub(super) fn backoff(round: u32) {
     if round < 8 {
         std::thread::yield_now();
     } else {

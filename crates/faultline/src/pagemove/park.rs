@@ -11,7 +11,7 @@
 //! only once its data is whole in its slot. Locks: none; callers hold the
 //! page's fault lock.
 
-use super::{backoff, move_back, move_in, move_out, move_range, Holes, MoveError, Patience};
+use super::{move_back, move_in, move_out, move_range, while_changing, Holes, MoveError, Patience};
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::{Frame, FrameAllocator};
@@ -46,31 +46,15 @@ pub(crate) fn fill_holes(core: &Core, addr: usize, len: usize) -> Result<(), Sys
     }
     let zero = ZERO_PAGE.0.as_ptr() as usize;
     for page in (addr..addr + len).step_by(PAGE_SIZE) {
-        let mut round = 0;
-        loop {
+        while_changing(
+            core,
+            ("UFFDIO_COPY", page, PAGE_SIZE),
             // SAFETY: `page` is a pool slot of a frame the caller owns (in
             // flight, or under its page's lock); UFFDIO_COPY fills it only
             // if it is a hole. The source is a static zeroed page.
-            match unsafe { core.uffd_into(page).copy(page, zero, PAGE_SIZE, true) } {
-                Ok(Resolved::Done | Resolved::Exists { .. }) => break,
-                Ok(_) if round < 1000 => {
-                    // EAGAIN: the address space is changing (an unmap
-                    // event not yet read).
-                    core.pump_events();
-                    backoff(round);
-                    round += 1;
-                }
-                Ok(_) => {
-                    return Err(SysError {
-                        op: "UFFDIO_COPY",
-                        addr: page,
-                        len: PAGE_SIZE,
-                        errno: libc::EAGAIN,
-                    })
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            || unsafe { core.uffd_into(page).copy(page, zero, PAGE_SIZE, true) },
+            |r| matches!(r, Resolved::Done | Resolved::Exists { .. }),
+        )?;
     }
     Ok(())
 }

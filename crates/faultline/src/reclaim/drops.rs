@@ -161,15 +161,13 @@ impl<'a> CleanDrops<'a> {
 /// run it reached under a lock it holds, or a store call of its own whose
 /// fault on this page was served under that lock, lifting the mark); and
 /// the program may have unmapped the range (and mapped something else
-/// there) while the unmap's handler waits for this lock.
-fn still_protected(region: &RegionInner, p: &Pending<'_>) -> bool {
+/// there) while the unmap's handler waits for this lock. `live`: the
+/// region's live ranges (`Mapping::live_ranges`), read once per drop.
+fn still_protected(region: &RegionInner, p: &Pending<'_>, live: &[(usize, usize)]) -> bool {
     let addr = region.page_addr(p.page);
     region.state(p.page) == PageState::Resident(p.frame)
         && region.is_protected(p.page)
-        && !region.dying()
-        && region
-            .map
-            .live_ranges()
+        && live
             .iter()
             .any(|&(s, e)| addr >= s && addr + PAGE_SIZE <= e)
 }
@@ -180,10 +178,14 @@ fn drop_region_pages(
     pages: &[&Pending<'_>],
     evicted: &mut Vec<Frame>,
 ) -> usize {
+    if region.dying() {
+        return 0;
+    }
+    let live = region.map.live_ranges();
     let pages: Vec<&Pending<'_>> = pages
         .iter()
         .copied()
-        .filter(|p| still_protected(region, p))
+        .filter(|p| still_protected(region, p, &live))
         .collect();
     if pages.is_empty() {
         return 0;

@@ -327,20 +327,56 @@ impl PageStates {
     /// The first page at or after `from` whose word is non-zero, skipping
     /// empty spans whole (cost: one slot per empty span).
     pub(crate) fn next_used(&self, from: usize) -> Option<usize> {
+        self.first_span_with(from, |held, first| match held {
+            Held::One(k) => (k >= first).then_some(k),
+            Held::Leaf(leaf) => leaf.next_from(first),
+        })
+        .map(|(base, k)| base + k)
+    }
+
+    /// Appends to `out`, in order, the pages in use of the first span at or
+    /// after `from`'s that has any at or after `from` (nothing if none):
+    /// what [`PageStates::next_used`] would find one call at a time, for
+    /// one pass over the span's entries instead of one per page. Each
+    /// page was in use at some instant of the read.
+    pub(crate) fn used_in_next_span(&self, from: usize, out: &mut Vec<usize>) {
+        let start = out.len();
+        let found = self.first_span_with(from, |held, first| {
+            match held {
+                Held::One(k) if k >= first => out.push(k),
+                Held::Leaf(leaf) => leaf.keys_from(first, out),
+                Held::One(_) => {}
+            }
+            (out.len() > start).then_some(())
+        });
+        if let Some((base, ())) = found {
+            out[start..].iter_mut().for_each(|k| *k += base);
+        }
+    }
+
+    /// Walks the spans from `from`'s on, pinned in the epoch, until `look`
+    /// finds something in one: `look` is given what a span in use holds
+    /// and the first key in it to consider (`from`'s own in its span, 0
+    /// past it). Returns the span's first page and what `look` found.
+    fn first_span_with<T>(
+        &self,
+        from: usize,
+        mut look: impl FnMut(Held<'_>, usize) -> Option<T>,
+    ) -> Option<(usize, T)> {
         let _guard = epoch::pin();
         let mut span = from / LEAF_PAGES;
         while span * LEAF_PAGES < self.len {
             let base = span * LEAF_PAGES;
-            let first = from.saturating_sub(base);
             // Acquire: as in `load`.
-            let found = match Slot::decode(self.slots[span].load(Ordering::Acquire)) {
+            let held = match Slot::decode(self.slots[span].load(Ordering::Acquire)) {
                 Slot::Empty => None,
-                Slot::One(k, _) => (k >= first).then_some(k),
-                // SAFETY: as in `load`.
-                Slot::Leaf(addr) => unsafe { Leaf::at(addr) }.next_from(first),
+                Slot::One(k, _) => Some(Held::One(k)),
+                // SAFETY: as in `load` (the pin above lasts while `look`
+                // runs, and `look` cannot keep the leaf past its call).
+                Slot::Leaf(addr) => Some(Held::Leaf(unsafe { Leaf::at(addr) })),
             };
-            if let Some(k) = found {
-                return Some(base + k);
+            if let Some(t) = held.and_then(|h| look(h, from.saturating_sub(base))) {
+                return Some((base, t));
             }
             span += 1;
         }
@@ -348,39 +384,12 @@ impl PageStates {
     }
 }
 
-impl PageStates {
-    /// Appends to `out`, in order, the pages in use of the first span at or
-    /// after `from`'s that has any at or after `from` (nothing if none):
-    /// what [`PageStates::next_used`] would find one call at a time, for
-    /// one pass over the span's entries instead of one per page. Each
-    /// page was in use at some instant of the read.
-    pub(crate) fn used_in_next_span(&self, from: usize, out: &mut Vec<usize>) {
-        let _guard = epoch::pin();
-        let mut span = from / LEAF_PAGES;
-        while span * LEAF_PAGES < self.len {
-            let base = span * LEAF_PAGES;
-            let first = from.saturating_sub(base);
-            let start = out.len();
-            // Acquire: as in `load`.
-            match Slot::decode(self.slots[span].load(Ordering::Acquire)) {
-                Slot::Empty => {}
-                Slot::One(k, _) => {
-                    if k >= first {
-                        out.push(k);
-                    }
-                }
-                // SAFETY: as in `load`.
-                Slot::Leaf(addr) => unsafe { Leaf::at(addr) }.keys_from(first, out),
-            }
-            if out.len() > start {
-                for k in &mut out[start..] {
-                    *k += base;
-                }
-                return;
-            }
-            span += 1;
-        }
-    }
+/// What the slot of a span in use holds, for a reader pinned in the
+/// epoch ([`PageStates::first_span_with`]).
+enum Held<'a> {
+    /// The key of its lone page in use.
+    One(usize),
+    Leaf(Leaf<'a>),
 }
 
 /// A span's lock, held (see the module docs): `held` is the slot's value
