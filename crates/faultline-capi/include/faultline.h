@@ -1,7 +1,8 @@
 /*
  * faultline's C API: managers, regions over zero, file or C-defined stores,
  * flush, prefetch, discard, migrate/collapse, stats. Functions return 0 or a
- * negative errno (NULL for constructors); fl_last_error() gives the cause.
+ * negative errno (NULL for constructors) and set errno on failure;
+ * fl_last_error() gives the cause.
  */
 
 #ifndef FAULTLINE_H

@@ -1,7 +1,8 @@
 //! Errors across the C boundary: each entry point runs its body in
 //! [`guard`], which turns an `Err` (and a caught panic) into the entry
-//! point's failure value and stores the cause as text in a thread-local
-//! slot that `fl_last_error` returns.
+//! point's failure value, stores the cause as text in a thread-local slot
+//! that `fl_last_error` returns, and sets `errno` to the error (as libc
+//! does: a constructor's NULL says only that it failed, `errno` says why).
 //!
 //! Invariant: no panic unwinds out of an `extern "C"` function of this
 //! crate. Locks: none (the slot is per thread).
@@ -41,8 +42,16 @@ fn set_last(message: &str) {
     LAST.with(|l| *l.borrow_mut() = text);
 }
 
-/// Runs `body`; on `Err` or a panic, records the cause and returns
-/// `on_error(errno)`. Clears the last error on success.
+/// Sets this thread's `errno`.
+fn set_errno(errno: i32) {
+    // SAFETY: __errno_location returns a valid pointer to the calling
+    // thread's errno, which lives as long as the thread.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Runs `body`; on `Err` or a panic, records the cause, sets `errno` and
+/// returns `on_error(errno)`. Clears the last error on success (`errno` is
+/// left alone then, as libc leaves it).
 pub(crate) fn guard<T>(
     on_error: impl FnOnce(i32) -> T,
     body: impl FnOnce() -> Result<T, Failure>,
@@ -54,6 +63,7 @@ pub(crate) fn guard<T>(
         }
         Ok(Err(f)) => {
             set_last(&f.message);
+            set_errno(f.errno);
             on_error(f.errno)
         }
         Err(panic) => {
@@ -65,6 +75,7 @@ pub(crate) fn guard<T>(
             set_last(&format!(
                 "internal error (a faultline bug): panicked: {what}"
             ));
+            set_errno(libc::EFAULT);
             on_error(libc::EFAULT)
         }
     }
@@ -98,10 +109,19 @@ mod tests {
 
     #[test]
     fn errors_and_panics_become_codes_and_text() {
+        let errno = || std::io::Error::last_os_error().raw_os_error();
         assert_eq!(status(|| Err(Failure::invalid("len is 0"))), -libc::EINVAL);
         assert_eq!(last(), "len is 0");
+        assert_eq!(errno(), Some(libc::EINVAL));
         assert_eq!(status(|| panic!("boom")), -libc::EFAULT);
         assert!(last().contains("boom"), "{}", last());
+        assert_eq!(errno(), Some(libc::EFAULT));
+        let null: *mut u8 = guard(
+            |_| std::ptr::null_mut(),
+            || Err(Failure::new(libc::ENOMEM, "no memory")),
+        );
+        assert!(null.is_null());
+        assert_eq!(errno(), Some(libc::ENOMEM));
         assert_eq!(status(|| Ok(())), 0);
         assert_eq!(last(), "");
     }

@@ -6,8 +6,8 @@
 //! It only drives the public Rust API. Every entry point runs inside
 //! [`error::guard`]: a Rust panic is caught and becomes an error code, never
 //! an unwind into C or an abort. Functions return 0 or a negative errno
-//! (constructors return NULL); [`error::fl_last_error`] gives the cause as
-//! text, per thread.
+//! (constructors return NULL), and set `errno` to it on failure;
+//! [`error::fl_last_error`] gives the cause as text, per thread.
 //!
 //! Threads: a manager and its regions may be used from any thread at once,
 //! except that `fl_manager_free` / `fl_region_free` must be a handle's last

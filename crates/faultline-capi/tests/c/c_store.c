@@ -53,14 +53,19 @@ int main(void) {
   fl_manager* mm = fl_manager_new(&cfg);
   CHECK(mm != NULL, "fl_manager_new: %s", fl_last_error());
 
-  /* Errors come back as values, with the cause. */
-  CHECK(fl_map_zero(mm, 0, NULL) == NULL && strlen(fl_last_error()) > 0, "len 0");
+  /* Errors come back as values, with the cause, and in errno. */
+  errno = 0;
+  CHECK(fl_map_zero(mm, 0, NULL) == NULL && strlen(fl_last_error()) > 0 && errno == EINVAL,
+        "len 0: errno %d", errno);
   fl_map_options bad = fl_map_options_default();
   bad.page_size = 8192;
-  CHECK(fl_map_zero(mm, 1 << 20, &bad) == NULL && strstr(fl_last_error(), "8192"),
-        "page size 8192: %s", fl_last_error());
+  errno = 0;
+  CHECK(fl_map_zero(mm, 1 << 20, &bad) == NULL && strstr(fl_last_error(), "8192") && errno == EINVAL,
+        "page size 8192: %s, errno %d", fl_last_error(), errno);
   cfg.budget = 3u << 20;
-  CHECK(fl_manager_new(&cfg) == NULL && strlen(fl_last_error()) > 0, "unaligned budget");
+  errno = 0;
+  CHECK(fl_manager_new(&cfg) == NULL && strlen(fl_last_error()) > 0 && errno == EINVAL,
+        "unaligned budget: errno %d", errno);
 
   fl_store_ops ops = {st_read, st_write, st_flush, st_release, &s};
   fl_region* r = fl_map_store(mm, &ops, REGION, NULL);
