@@ -53,6 +53,23 @@ fn bench_far_memory_has_every_row() {
         notes.contains("goal: random 4 KiB read fault over Redis"),
         "{notes}"
     );
+    // The raw GET from one client and from as many at once as the rows'
+    // threads, each with its latency; the fault's ratio to both.
+    for (pattern, clients) in [("GET 4 KiB", 1), ("GET 4 KiB, 2 clients", 2)] {
+        let row = rows
+            .iter()
+            .find(|r| r["system"] == "redis-raw" && r["pattern"] == pattern)
+            .unwrap_or_else(|| panic!("no raw {pattern:?} row: {v}"));
+        assert_eq!(row["threads"], clients, "{row}");
+        assert!(row["p50_us"].as_f64().is_some_and(|x| x > 0.0), "{row}");
+    }
+    assert!(notes.contains("us of 2 clients at once"), "{notes}");
+    if rows.iter().any(|r| r["system"] == "kernel-swap-file") {
+        assert!(
+            notes.contains("goal: random 4 KiB reads over Redis"),
+            "{notes}"
+        );
+    }
 }
 
 #[test]

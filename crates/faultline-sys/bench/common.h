@@ -1,7 +1,8 @@
-/* What the C microbenchmarks share (tlb_batch.c, fill_model.c): the
- * UFFDIO_MOVE and syscall numbers newer than the C headers here, pinning
- * to a CPU, the TLB shootdowns the kernel has counted, and a monotonic
- * clock in seconds. Header-only, static functions. */
+/* What the C microbenchmarks share (tlb_batch.c, fill_model.c,
+ * first_touch_floor.c): the UFFDIO_MOVE and syscall numbers newer than the
+ * C headers here, pinning to a CPU, the TLB shootdowns the kernel has
+ * counted, and a monotonic clock in seconds. Header-only, static inline
+ * functions (a program need not use them all). */
 #ifndef FAULTLINE_BENCH_COMMON_H
 #define FAULTLINE_BENCH_COMMON_H
 #include <sched.h>
@@ -24,7 +25,7 @@ struct move_args { uint64_t dst, src, len, mode; int64_t move; };
 #define SYS_pidfd_open 434
 #endif
 
-static void pin(int cpu) {
+static inline void pin(int cpu) {
     cpu_set_t s;
     CPU_ZERO(&s);
     CPU_SET(cpu, &s);
@@ -32,7 +33,7 @@ static void pin(int cpu) {
 }
 
 /* The sum of /proc/interrupts' "TLB" row over every CPU. */
-static unsigned long long shootdowns(void) {
+static inline unsigned long long shootdowns(void) {
     FILE *f = fopen("/proc/interrupts", "r");
     char line[4096];
     unsigned long long total = 0;
@@ -53,7 +54,7 @@ static unsigned long long shootdowns(void) {
     return total;
 }
 
-static double now(void) {
+static inline double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
