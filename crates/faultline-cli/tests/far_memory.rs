@@ -31,6 +31,7 @@ fn bench_far_memory_has_every_row() {
     for system in [
         "faultline-file",
         "faultline-redis",
+        "faultline-redis-in-thread",
         "faultline-redis-cluster",
         "redis-raw",
     ] {
