@@ -71,10 +71,9 @@ struct how { int spin, cpu; };
 
 static void *handler(void *arg) {
     struct how h = *(struct how *)arg;
-    int spin = h.spin;
     pin(h.cpu);
     while (!atomic_load(&stop)) {
-        if (!spin) {
+        if (!h.spin) {
             struct pollfd p = {.fd = uffd, .events = POLLIN};
             if (poll(&p, 1, 10) <= 0) continue;
         }

@@ -177,7 +177,7 @@ struct System {
 /// faulting threads (`FaultMode::InThread`): no hand-off to a worker,
 /// which on a guest whose idle vCPUs halt is a wake-up across CPUs.
 fn systems(s: &Servers) -> [System; 6] {
-    let row = |name, child, url: &String, mode| System {
+    let system = |name, child, url: &String, mode| System {
         name,
         child,
         url: url.clone(),
@@ -185,17 +185,17 @@ fn systems(s: &Servers) -> [System; 6] {
     };
     let none = String::new();
     [
-        row("faultline-file", "faultline", &none, "workers"),
-        row("faultline-redis", "redis", &s.redis, "workers"),
-        row("faultline-redis-in-thread", "redis", &s.redis, "in-thread"),
-        row(
+        system("faultline-file", "faultline", &none, "workers"),
+        system("faultline-redis", "redis", &s.redis, "workers"),
+        system("faultline-redis-in-thread", "redis", &s.redis, "in-thread"),
+        system(
             "faultline-redis-cluster",
             "redis-cluster",
             &s.cluster,
             "workers",
         ),
-        row("kernel-swap-zram", "anon", &none, "workers"),
-        row("kernel-swap-file", "anon", &none, "workers"),
+        system("kernel-swap-zram", "anon", &none, "workers"),
+        system("kernel-swap-file", "anon", &none, "workers"),
     ]
 }
 
@@ -377,10 +377,9 @@ fn goals(report: &mut Report) {
     };
     if let (Some(fault), Some(get)) = (
         find("faultline-redis", "random-read", "fault_p50_us"),
-        find("redis-raw", "GET 4 KiB", "p50_us"),
+        find("redis-raw", &raw::get_op(1), "p50_us"),
     ) {
-        let matched = format!("GET 4 KiB, {THREADS} clients");
-        let beside = find("redis-raw", &matched, "p50_us")
+        let beside = find("redis-raw", &raw::get_op(THREADS), "p50_us")
             .map(|g| {
                 format!(
                     "; {:.2}x the {g:.1} us of {THREADS} clients at once",

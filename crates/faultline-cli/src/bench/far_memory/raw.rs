@@ -57,6 +57,14 @@ fn connect(url: &str) -> anyhow::Result<redis::Connection> {
         .with_context(|| format!("connecting to {url}"))
 }
 
+/// The name of the `GET` row of `clients` clients at once.
+pub fn get_op(clients: usize) -> String {
+    match clients {
+        1 => "GET 4 KiB".to_string(),
+        c => format!("GET 4 KiB, {c} clients"),
+    }
+}
+
 /// `n` random `GET`s from each of `clients` threads at once, each on its
 /// own connection: one row over all their calls.
 fn gets(url: &str, n: usize, clients: usize) -> anyhow::Result<RawRow> {
@@ -91,12 +99,8 @@ fn gets(url: &str, n: usize, clients: usize) -> anyhow::Result<RawRow> {
         us.extend(u);
         pages += p;
     }
-    let op = match clients {
-        1 => "GET 4 KiB".to_string(),
-        c => format!("GET 4 KiB, {c} clients"),
-    };
     Ok(RawRow {
-        op,
+        op: get_op(clients),
         clients,
         pages_per_op: 1,
         us: Summary::of(&mut us),
