@@ -2,10 +2,11 @@
 //! states: the page-table pages the kernel has made for its mapping
 //! ([`Tables`]: a bit per 512-entry table span, set when a page-state leaf
 //! is first linked over it, and a count; kept until the range is unmapped,
-//! as the kernel keeps them), and the manager's running sum of every
-//! region's cost ([`OverheadSum`]: regions add as they grow and take their
-//! share out when unmapped or dropped), which the budget reads
-//! (`overhead.rs`) without visiting each region.
+//! as the kernel keeps them), and the manager's running sums of every
+//! region's cost and of its page states' bytes ([`OverheadSum`]: regions
+//! add as they grow and take their share out when unmapped or dropped),
+//! which the budget (`overhead.rs`) and the published stats read without
+//! visiting each region.
 //!
 //! Figures, not part of any protocol: std atomics, Relaxed, outside loom's
 //! model. Locks: none.
@@ -19,27 +20,38 @@ pub(super) const TABLE_ENTRIES: usize = 512;
 
 /// The overhead (`PageStates::overhead_bytes`) of every region of a
 /// manager still alive, in bytes: each region adds its cost as it grows
-/// and takes its whole share out when it is dropped (and unmapped).
+/// and takes its whole share out when it is dropped (and unmapped). Beside
+/// it, the same regions' page-state bytes (`PageStates::bytes`: slots and
+/// leaves, held until the region is dropped), for the stats.
 #[derive(Debug, Default)]
-pub(crate) struct OverheadSum(StdUsize);
+pub(crate) struct OverheadSum {
+    overhead: StdUsize,
+    states: StdUsize,
+}
 
 impl OverheadSum {
-    /// The sum now.
+    /// The overhead sum now.
     pub(crate) fn bytes(&self) -> usize {
         // Relaxed: a figure; nothing is ordered by it.
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
+        self.overhead.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    pub(super) fn add(&self, bytes: usize) {
+    /// The page-state bytes sum now.
+    pub(crate) fn state_bytes(&self) -> usize {
         // Relaxed: as in `bytes`.
-        self.0
-            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.states.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    pub(super) fn sub(&self, bytes: usize) {
+    /// Adds `more` and takes `less` bytes of overhead and of page states.
+    pub(super) fn charge(&self, overhead: (usize, usize), states: (usize, usize)) {
         // Relaxed: as in `bytes`.
-        self.0
-            .fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+        let ord = std::sync::atomic::Ordering::Relaxed;
+        for (sum, (more, less)) in [(&self.overhead, overhead), (&self.states, states)] {
+            if more != less {
+                sum.fetch_add(more, ord);
+                sum.fetch_sub(less, ord);
+            }
+        }
     }
 }
 

@@ -198,11 +198,6 @@ impl RegionInner {
         self.pages.len()
     }
 
-    /// Bytes of page-state metadata held now (sparse: see [`states`]).
-    pub fn state_bytes(&self) -> usize {
-        self.pages.bytes()
-    }
-
     /// The first page at or after `from` in any state but absent.
     pub(crate) fn next_used(&self, from: usize) -> Option<usize> {
         self.pages.next_used(from)

@@ -32,7 +32,8 @@
 //! leaves, and the page tables under the spans in use (noted when a span's
 //! first page comes into use, forgotten only when the range is unmapped, as
 //! the kernel keeps them: [`super::cost`]), adding each change to the
-//! manager's running sum. Figures, not part of the protocol.
+//! manager's running sums (and its own bytes to the page states' sum).
+//! Figures, not part of the protocol.
 
 use super::cost::{OverheadSum, Tables, TABLE_ENTRIES};
 pub(crate) use super::leaf::LEAF_PAGES;
@@ -141,12 +142,12 @@ impl PageStates {
         }
     }
 
-    /// Adds this region's overhead, now and as it grows, to `sum`, until
-    /// it is dropped. Once per region.
+    /// Adds this region's overhead and its page-state bytes, now and as
+    /// they grow, to `sum`, until it is dropped. Once per region.
     pub(crate) fn count_into(&mut self, sum: &Arc<OverheadSum>) {
         debug_assert!(self.sum.is_none(), "counted into one sum only");
         self.sum = Some(Arc::clone(sum));
-        self.charge(self.overhead_bytes(), 0);
+        self.charge((self.overhead_bytes(), 0), (self.bytes(), 0));
     }
 
     /// Notes what the region's store keeps of its own now (`bytes`), and
@@ -160,7 +161,7 @@ impl PageStates {
         }
         let was = self.store_bytes.swap(bytes, Ordering::Relaxed);
         if was != bytes {
-            self.charge(bytes, was);
+            self.charge((bytes, was), (0, 0));
         }
     }
 
@@ -170,14 +171,14 @@ impl PageStates {
     pub(crate) fn unmapped(&self) {
         // Relaxed: a figure, as the tables' count.
         let store = self.store_bytes.swap(0, Ordering::Relaxed);
-        self.charge(0, self.tables.forget() + store);
+        self.charge((0, self.tables.forget() + store), (0, 0));
     }
 
-    /// Adds `more` and takes `less` bytes out of the manager's sum.
-    fn charge(&self, more: usize, less: usize) {
+    /// Adds to and takes out of the manager's sums `(more, less)` bytes of
+    /// overhead and of page states.
+    fn charge(&self, overhead: (usize, usize), states: (usize, usize)) {
         if let Some(sum) = &self.sum {
-            sum.add(more);
-            sum.sub(less);
+            sum.charge(overhead, states);
         }
     }
 
@@ -305,7 +306,7 @@ impl PageStates {
         let cap = leaf::cap_for(pages.len());
         let bytes = leaf::bytes(cap);
         self.leaf_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.charge(bytes, 0);
+        self.charge((bytes, 0), (bytes, 0));
         Leaf::build(cap, pages)
     }
 
@@ -314,14 +315,14 @@ impl PageStates {
         // SAFETY: the caller unlinked it but has not freed it yet.
         let bytes = leaf::bytes(unsafe { Leaf::at(addr) }.cap());
         self.leaf_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.charge(0, bytes);
+        self.charge((0, bytes), (0, bytes));
     }
 
     /// Notes the page tables under `span`, whose first page comes into use.
     fn note_span(&self, span: usize) {
         let from = span * LEAF_PAGES;
         let tables = self.tables.note(from, (from + LEAF_PAGES).min(self.len));
-        self.charge(tables, 0);
+        self.charge((tables, 0), (0, 0));
     }
 
     /// The first page at or after `from` whose word is non-zero, skipping
@@ -486,7 +487,7 @@ mod holding {
 
 impl Drop for PageStates {
     fn drop(&mut self) {
-        self.charge(0, self.overhead_bytes());
+        self.charge((0, self.overhead_bytes()), (0, self.bytes()));
         for slot in self.slots.iter() {
             if let Slot::Leaf(addr) = Slot::decode(slot.load(Ordering::Relaxed)) {
                 // SAFETY: `&mut self`: no other thread can reach the table,
@@ -617,6 +618,7 @@ mod tests {
         assert_eq!(s.next_used(0), None);
         assert_eq!(s.bytes(), 2 * 8, "every leaf retired");
         assert_eq!(sum.bytes(), s.overhead_bytes(), "the running sum agrees");
+        assert_eq!(sum.state_bytes(), s.bytes(), "the states' sum agrees");
     }
 
     /// A thread that would wait for the span lock it holds itself (a
@@ -655,6 +657,7 @@ mod tests {
             let p = p % len;
             prop_assert_eq!(s.swap(p, v), oracle[p]);
             prop_assert_eq!(sum.bytes(), s.overhead_bytes(), "the running sum");
+            prop_assert_eq!(sum.state_bytes(), s.bytes(), "the states' sum");
             oracle[p] = v;
             for from in [p.saturating_sub(700), p, p / 2] {
                 let want = (from..len).find(|&q| oracle[q] != 0);
@@ -678,6 +681,7 @@ mod tests {
         );
         drop(s);
         prop_assert_eq!(sum.bytes(), 0, "all taken out");
+        prop_assert_eq!(sum.state_bytes(), 0, "the states' too");
         Ok(())
     }
 
