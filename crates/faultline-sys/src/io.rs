@@ -1,6 +1,8 @@
 //! Reads whose completion the reading thread polls for: one `io_uring` per
 //! thread, a read submitted on it, and the thread spinning on the
 //! completion queue for up to a bound before it sleeps in `io_uring_enter`.
+//! And writes in batches ([`write_many`]): a batch's writes all in flight
+//! on the same ring at once, waited for together.
 //!
 //! Why: on a KVM guest whose idle vCPUs halt, a thread that sleeps in
 //! `pread` is woken by an interrupt to a halted vCPU — the host must run
@@ -11,8 +13,15 @@
 //! reads"). The cost is the CPU the poll burns while the read is in flight,
 //! bounded by the caller's `spin`.
 //!
+//! Why batches: a device serves many requests in flight faster than one at
+//! a time (the project's virtual disk: 15k random 4 KiB writes/s one at a
+//! time, 50k with eight in flight), and a reclaimer writing its victims
+//! back one by one held the device at one write in flight beside the
+//! program's reads.
+//!
 //! Invariant: [`read_at`] never returns while its read is in flight (the
-//! kernel writes `buf` until the completion is reaped). A thread whose ring
+//! kernel writes `buf` until the completion is reaped), nor [`write_many`]
+//! while any of its writes is (the kernel reads their buffers). A thread whose ring
 //! cannot be made (io_uring disabled, no file descriptors left) or is in use
 //! further up its own stack reads with plain `pread`. No locks: the ring is
 //! the thread's own.
@@ -34,8 +43,9 @@ thread_local! {
     static RING: RefCell<Ring> = const { RefCell::new(Ring::Untried) };
 }
 
-/// Entries of each thread's ring (one read at a time is in flight).
-const ENTRIES: u32 = 4;
+/// Entries of each thread's ring: one read at a time is in flight, or up
+/// to this many writes of a batch.
+const ENTRIES: u32 = 32;
 
 /// Reads up to `buf.len()` bytes of `fd` from byte `offset` into `buf`, like
 /// `pread(2)`: returns the bytes read (0 at the end of the file) or the
@@ -59,10 +69,7 @@ pub fn read_at(
         let Ok(mut ring) = cell.try_borrow_mut() else {
             return pread(fd, buf, offset);
         };
-        if matches!(*ring, Ring::Untried) {
-            *ring = io_uring::IoUring::new(ENTRIES)
-                .map_or(Ring::Unavailable, |r| Ring::Ready(Box::new(r)));
-        }
+        make(&mut ring);
         let done = match &mut *ring {
             Ring::Ready(r) => polled(r, fd, buf, offset, spin),
             _ => None,
@@ -74,6 +81,156 @@ pub fn read_at(
             pread(fd, buf, offset)
         })
     })
+}
+
+/// Makes this thread's ring on its first use.
+fn make(ring: &mut Ring) {
+    if matches!(*ring, Ring::Untried) {
+        *ring =
+            io_uring::IoUring::new(ENTRIES).map_or(Ring::Unavailable, |r| Ring::Ready(Box::new(r)));
+    }
+}
+
+/// Writes each `(offset, bytes)` of `writes` to `fd`, like `pwrite(2)`,
+/// with the whole batch in flight at once on this thread's ring ([`ENTRIES`]
+/// at a time) and waited for (sleeping: a batch takes long). Returns each
+/// write's bytes written (a short count is the caller's to finish) or its
+/// error, in the order given. Where no ring can be had, or the calling
+/// thread's is in use further up its stack, each is a plain `pwrite`.
+pub fn write_many(fd: BorrowedFd<'_>, writes: &[(u64, &[u8])]) -> Vec<std::io::Result<usize>> {
+    let mut done: Vec<Option<std::io::Result<usize>>> = writes.iter().map(|_| None).collect();
+    RING.with(|cell| {
+        let Ok(mut ring) = cell.try_borrow_mut() else {
+            return;
+        };
+        make(&mut ring);
+        let Ring::Ready(r) = &mut *ring else {
+            return;
+        };
+        let whole = writes
+            .chunks(ENTRIES as usize)
+            .zip(done.chunks_mut(ENTRIES as usize))
+            .all(|(batch, out)| in_flight(r, fd, batch, out));
+        if !whole {
+            // The kernel refused a submission: plain writes from now on
+            // (dropping the ring drops what it never took; nothing it
+            // took is in flight, every such write was reaped).
+            *ring = Ring::Unavailable;
+        }
+    });
+    writes
+        .iter()
+        .zip(done)
+        .map(|(&(offset, buf), d)| d.unwrap_or_else(|| pwrite(fd, buf, offset)))
+        .collect()
+}
+
+/// Submits `batch` (at most [`ENTRIES`] writes) on `ring` and reaps every
+/// write the kernel took, its result in `out` at the same index. False if
+/// the kernel refused some (their `out` stays `None`: never submitted).
+fn in_flight(
+    ring: &mut io_uring::IoUring,
+    fd: BorrowedFd<'_>,
+    batch: &[(u64, &[u8])],
+    out: &mut [Option<std::io::Result<usize>>],
+) -> bool {
+    let mut pushed = 0;
+    for (i, &(offset, buf)) in batch.iter().enumerate() {
+        // At most u32 bytes a request: the caller finishes a short write.
+        let len = buf.len().min(u32::MAX as usize & !4095) as u32;
+        let sqe =
+            io_uring::opcode::Write::new(io_uring::types::Fd(fd.as_raw_fd()), buf.as_ptr(), len)
+                .offset(offset)
+                .build()
+                .user_data(i as u64);
+        // SAFETY: `buf` (`len` bytes) stays valid and unchanged until the
+        // entry's completion is reaped below, before this function
+        // returns (every submitted entry is reaped), and `fd` stays open
+        // for the call. The queue is empty on entry and holds `ENTRIES`.
+        if unsafe { ring.submission().push(&sqe) }.is_err() {
+            break;
+        }
+        pushed += 1;
+    }
+    let taken = submit_all(ring, pushed);
+    let mut reaped = 0;
+    while reaped < taken {
+        for cqe in ring.completion() {
+            let res = cqe.result();
+            out[cqe.user_data() as usize] = Some(if res < 0 {
+                Err(std::io::Error::from_raw_os_error(-res))
+            } else {
+                Ok(res as usize)
+            });
+            reaped += 1;
+        }
+        if reaped < taken {
+            wait_one(ring);
+        }
+    }
+    taken == pushed
+}
+
+/// Submits the `pushed` entries queued on `ring`, retried while the kernel
+/// is short of resources for a moment or interrupted: how many it took.
+fn submit_all(ring: &mut io_uring::IoUring, pushed: usize) -> usize {
+    let mut taken = 0;
+    let mut tries = 0;
+    while taken < pushed && tries < 1000 {
+        match ring.submit() {
+            Ok(n) if n > 0 => taken += n,
+            Ok(_) => tries += 1,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN | libc::EBUSY | libc::EINTR)
+                ) =>
+            {
+                tries += 1;
+                std::hint::spin_loop()
+            }
+            Err(_) => break,
+        }
+    }
+    taken
+}
+
+/// Sleeps until a completion arrives on `ring`, submitting nothing (an
+/// entry the kernel refused stays unsubmitted).
+fn wait_one(ring: &mut io_uring::IoUring) {
+    // SAFETY: `io_uring_enter(fd, 0, 1, GETEVENTS)` on the ring's own fd
+    // submits nothing and passes no argument: it only waits.
+    let waited = unsafe {
+        ring.submitter()
+            .enter::<libc::sigset_t>(0, 1, io_uring::EnterFlags::GETEVENTS.bits(), None)
+    };
+    if waited.is_err() {
+        // Interrupted: look again shortly.
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// `pwrite(2)`, retried on `EINTR`.
+fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // call, and `fd` is open (borrowed for the call).
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                offset as libc::off_t,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// `pread(2)`, retried on `EINTR`.
@@ -295,6 +452,51 @@ mod tests {
                 });
             }
         });
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_batch_of_writes_lands_whole_in_any_order_of_offsets() {
+        let path = std::env::temp_dir().join(format!("faultline-sys-wm-{}", std::process::id()));
+        let pages = 100;
+        std::fs::write(&path, vec![0u8; pages * 4096]).expect("create");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        // More writes than the ring holds (two batches and a part), in
+        // scattered order, and one past the end (the file grows).
+        let order: Vec<usize> = (0..70).map(|i| (i * 37) % pages).collect();
+        let bufs: Vec<Vec<u8>> = order.iter().map(|&p| vec![p as u8 + 1; 4096]).collect();
+        let mut writes: Vec<(u64, &[u8])> = order
+            .iter()
+            .zip(&bufs)
+            .map(|(&p, b)| ((p * 4096) as u64, &b[..]))
+            .collect();
+        let tail = vec![0xEEu8; 100];
+        writes.push(((pages * 4096) as u64, &tail));
+        let done = write_many(f.as_fd(), &writes);
+        assert_eq!(done.len(), writes.len());
+        for (d, w) in done.iter().zip(&writes) {
+            assert_eq!(d.as_ref().ok(), Some(&w.1.len()), "write at {}", w.0);
+        }
+        let back = std::fs::read(&path).expect("read back");
+        assert_eq!(back.len(), pages * 4096 + 100);
+        for p in 0..pages {
+            let want = if order.contains(&p) { p as u8 + 1 } else { 0 };
+            assert!(
+                back[p * 4096..(p + 1) * 4096].iter().all(|&b| b == want),
+                "page {p}"
+            );
+        }
+        assert!(back[pages * 4096..].iter().all(|&b| b == 0xEE));
+        // A read-only descriptor: every write fails, each with its error.
+        let ro = std::fs::File::open(&path).expect("open read-only");
+        let failed = write_many(ro.as_fd(), &writes[..3]);
+        assert!(failed
+            .iter()
+            .all(|d| d.as_ref().err().and_then(|e| e.raw_os_error()) == Some(libc::EBADF)));
         let _ = std::fs::remove_file(&path);
     }
 }

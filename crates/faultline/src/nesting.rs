@@ -49,7 +49,9 @@ use std::time::Duration;
 struct Lender {
     tid: u32,
     region: u64,
-    pages: Range<usize>,
+    /// The runs of pages its call is for (one, or a batch's scattered
+    /// pages).
+    pages: Vec<Range<usize>>,
 }
 
 /// The nested-fault state of one manager; see the module docs.
@@ -104,6 +106,12 @@ impl Nesting {
     /// Registers the calling thread as a lender for a store call about
     /// `pages` of region `region`, until the guard drops.
     pub(crate) fn lend(&self, region: u64, pages: Range<usize>) -> Lend<'_> {
+        self.lend_runs(region, vec![pages])
+    }
+
+    /// [`Nesting::lend`] for a call about several runs of pages of
+    /// `region` (a batch of scattered pages written back at once).
+    pub(crate) fn lend_runs(&self, region: u64, pages: Vec<Range<usize>>) -> Lend<'_> {
         let tid = this_thread();
         self.lenders.lock().push(Lender { tid, region, pages });
         // SeqCst, like the load in `is_lending`: the count is raised before
@@ -135,7 +143,8 @@ impl Nesting {
         }
         let lenders = self.lenders.lock();
         let mut mine = lenders.iter().filter(|l| l.tid == tid).peekable();
-        mine.peek().is_some() && !mine.any(|l| l.region == region && l.pages.contains(&page))
+        mine.peek().is_some()
+            && !mine.any(|l| l.region == region && l.pages.iter().any(|run| run.contains(&page)))
     }
 
     /// Marks a server busy (inside a store-backed fault, or waiting for a
@@ -352,6 +361,15 @@ mod tests {
             assert!(n.lent_to(&locks, me, 0, 7, 4), "outside its call");
             assert!(!n.lent_to(&locks, me, 0, 7, 3), "its own call's page");
             assert!(!n.lent_to(&locks, me + 1, 0, 9, 3), "another thread");
+        }
+        assert!(!n.is_lending(me));
+        {
+            // A batch's scattered pages: each is its own; those between
+            // them are lent.
+            let _l = n.lend_runs(7, vec![2..3, 10..11, 40..42]);
+            assert!(!n.lent_to(&locks, me, 0, 7, 10), "a page of the batch");
+            assert!(!n.lent_to(&locks, me, 0, 7, 41), "a page of the batch");
+            assert!(n.lent_to(&locks, me, 0, 7, 5), "between the batch's pages");
         }
         assert!(!n.is_lending(me));
     }

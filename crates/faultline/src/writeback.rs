@@ -195,38 +195,74 @@ pub(crate) fn put(
 }
 
 /// [`put`] for the consecutive pages from `first` (`bytes[i]` is page
-/// `first + i`'s content), their locks held: the dirty ones go to the
-/// store in one call ([`crate::store::Store::write_pages`]: one round trip
-/// to a remote store). On success all are clean; on an error none is
-/// marked clean, so all are written again later.
+/// `first + i`'s content), their locks held: see [`put_pages`].
 pub(crate) fn put_run(
     core: &Core,
     r: &RegionInner,
     first: usize,
     bytes: &[&[u8]],
 ) -> Result<(), StoreError> {
-    let stats = &core.stats;
-    let fps: Vec<u128> = bytes.iter().map(|b| crate::dirty::fingerprint(b)).collect();
-    let dirty: Vec<(u64, &[u8])> = (0..bytes.len())
-        .filter(|&i| r.fingerprint(first + i) != Some(fps[i]))
-        .map(|i| ((first + i) as u64, bytes[i]))
+    let pages: Vec<(usize, &[u8])> = bytes
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (first + i, b))
         .collect();
-    let clean = (bytes.len() - dirty.len()) as u64;
+    put_pages(core, r, &pages)
+}
+
+/// [`put`] for `pages` of `r` (each page and its content, ascending, not
+/// necessarily consecutive: a run, or a batch of scattered victims), their
+/// locks held: the dirty ones go to the store in one call
+/// ([`crate::store::Store::write_pages`]: one round trip to a remote
+/// store, all in flight at once to a file). On success all are clean; on
+/// an error none is marked clean, so all are written again later.
+pub(crate) fn put_pages(
+    core: &Core,
+    r: &RegionInner,
+    pages: &[(usize, &[u8])],
+) -> Result<(), StoreError> {
+    let stats = &core.stats;
+    let fps: Vec<u128> = pages
+        .iter()
+        .map(|&(_, b)| crate::dirty::fingerprint(b))
+        .collect();
+    let dirty: Vec<(u64, &[u8])> = pages
+        .iter()
+        .zip(&fps)
+        .filter(|&(&(page, _), &fp)| r.fingerprint(page) != Some(fp))
+        .map(|(&(page, b), _)| (page as u64, b))
+        .collect();
+    let clean = (pages.len() - dirty.len()) as u64;
     stats.clean_skipped.fetch_add(clean, Ordering::Relaxed);
     if !dirty.is_empty() {
-        // The store may touch another region (`nesting.rs`).
-        let _lend = core.nesting.lend(r.id, first..first + bytes.len());
+        // The store may touch another region (`nesting.rs`): lent for
+        // every page but these.
+        let _lend = core
+            .nesting
+            .lend_runs(r.id, runs_of(pages.iter().map(|&(p, _)| p)));
         let t0 = std::time::Instant::now();
         r.store.write_pages(&dirty)?;
         stats.store_writes.record(t0.elapsed().as_nanos() as u64);
     }
-    for (i, &fp) in fps.iter().enumerate() {
-        r.set_fingerprint(first + i, fp);
+    for (&(page, _), &fp) in pages.iter().zip(&fps) {
+        r.set_fingerprint(page, fp);
     }
     stats
         .written_back
         .fetch_add(dirty.len() as u64, Ordering::Relaxed);
     Ok(())
+}
+
+/// The runs of consecutive pages of an ascending sequence.
+fn runs_of(pages: impl Iterator<Item = usize>) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for p in pages {
+        match runs.last_mut() {
+            Some(run) if run.end == p => run.end += 1,
+            _ => runs.push(p..p + 1),
+        }
+    }
+    runs
 }
 
 /// The write-back error for `page`, which could not be taken out of the

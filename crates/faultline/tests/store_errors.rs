@@ -8,7 +8,7 @@ use faultline::{FaultError, MapOptions, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 mod common;
-use common::{byte, kernel_read, manager, set_byte, MIB};
+use common::{byte, kernel_read, manager, rng, set_byte, MIB};
 
 /// A store of zeros that fails reads of chosen pages, or every write, on
 /// demand.
@@ -137,6 +137,121 @@ fn failing_write_back_keeps_the_data() {
     assert!(saw_enospc, "the write-back error was reported");
     // Let the teardown's write-back succeed.
     store.fail_writes.store(false, Ordering::Relaxed);
+}
+
+/// A store in memory that records the batches reclaim writes, and fails
+/// the first `fail_batches` batches of more than one page after taking
+/// their first page (a store may have taken part of a failed call).
+#[derive(Debug, Default)]
+struct Batches {
+    pages: std::sync::Mutex<std::collections::HashMap<u64, Vec<u8>>>,
+    fail_batches: std::sync::atomic::AtomicUsize,
+    /// The longest batch, and batches whose pages were not consecutive.
+    longest: std::sync::atomic::AtomicUsize,
+    scattered: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for Batches {
+    fn name(&self) -> &'static str {
+        "batches"
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        match self.pages.lock().expect("store").get(&page) {
+            Some(bytes) => buf.copy_from_slice(bytes),
+            None => buf.fill(0),
+        }
+        Ok(())
+    }
+
+    fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        self.pages.lock().expect("store").insert(page, buf.to_vec());
+        Ok(())
+    }
+
+    fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        self.longest.fetch_max(pages.len(), Ordering::Relaxed);
+        if pages.windows(2).any(|w| w[1].0 != w[0].0 + 1) {
+            self.scattered.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(pages.windows(2).all(|w| w[0].0 < w[1].0), "ascending pages");
+        let fail = pages.len() > 1
+            && self
+                .fail_batches
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok();
+        for (i, &(page, buf)) in pages.iter().enumerate() {
+            if fail && i == 1 {
+                return Err(StoreError::Io {
+                    op: "write",
+                    page,
+                    source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                });
+            }
+            self.write(page, buf)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn scattered_victims_are_written_back_in_batches_and_a_failed_batch_keeps_its_pages() {
+    // 2 MiB of budget and an 8 MiB region written at random pages: reclaim
+    // evicts scattered dirty pages, in batches; the first few batches
+    // fail part-way, and every page must still read back its last value,
+    // from the region and then from the store after teardown.
+    let mm = manager(2 * MIB);
+    let store = std::sync::Arc::new(Batches {
+        fail_batches: std::sync::atomic::AtomicUsize::new(5),
+        ..Batches::default()
+    });
+    let r = mm
+        .map_shared(8 * MIB, store.clone(), MapOptions::new())
+        .expect("map");
+    let pages = 8 * MIB / 4096;
+    let mut last = vec![0u64; pages];
+    let mut next = rng(7);
+    for round in 1..=6u64 {
+        for _ in 0..pages {
+            let p = next() as usize % pages;
+            let v = round << 32 | p as u64;
+            r.write_at(p * 4096 + 8, &v.to_le_bytes()).expect("write");
+            last[p] = v;
+        }
+    }
+    for (p, &want) in last.iter().enumerate() {
+        let mut got = [0u8; 8];
+        r.read_at(p * 4096 + 8, &mut got).expect("read");
+        assert_eq!(u64::from_le_bytes(got), want, "page {p} in the region");
+    }
+    assert!(
+        store.longest.load(Ordering::Relaxed) > 1 && store.scattered.load(Ordering::Relaxed) > 0,
+        "victims were written in batches of scattered pages"
+    );
+    assert_eq!(
+        store.fail_batches.load(Ordering::Relaxed),
+        0,
+        "batches failed"
+    );
+    let mut saw_enospc = false;
+    while let Some(e) = mm.take_error() {
+        if let FaultError::Store { source, .. } = &e {
+            saw_enospc |= source.errno() == Some(libc::ENOSPC);
+        }
+    }
+    assert!(saw_enospc, "the failed batches were reported");
+    drop(r);
+    let stored = store.pages.lock().expect("store");
+    for (p, &want) in last.iter().enumerate() {
+        let got = stored.get(&(p as u64)).map_or(0, |b| {
+            u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"))
+        });
+        assert_eq!(got, want, "page {p} in the store after teardown");
+    }
 }
 
 /// Pages of `page as u8 | 0x80`; reads of `flaky` fail until `fails` of

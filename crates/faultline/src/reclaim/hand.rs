@@ -2,23 +2,28 @@
 //! regions that hold frames, from where the last pass stopped, until enough
 //! frames are freed or two turns are done. Each page in use is visited
 //! under its fault lock: a clean write-protected page joins the batch that
-//! is dropped without parking (`drops.rs`), a run of pages is parked or
-//! evicted with one call (`runs.rs`), anything else is stepped alone
-//! (`mod.rs: step`: park a resident page, evict a parked one).
+//! is dropped without parking (`drops.rs`), a parked 4 KiB page of a
+//! writable store joins the batch evicted together (`evictions.rs`), a run
+//! of pages is parked or evicted with one call (`runs.rs`), anything else
+//! is stepped alone (`mod.rs: step`: park a resident page, evict a parked
+//! one).
 //!
-//! Invariants: the batch is dropped before the hand comes round again (a
-//! page in it would be met twice) and before a parked page is visited (its
-//! eviction may call a store, which must not run under the batch's
-//! locks); evicted frames go back in batches through `free_bulk`, which
-//! merges neighbours into runs.
+//! Invariants: both batches go before the hand comes round again (a page
+//! in one would be met twice); the clean batch is dropped before a parked
+//! page is visited and before the evictions' store calls (a store call
+//! must not run under its locks); the pages batched for eviction count
+//! toward what the pass frees, so a pass does not park more than it needs
+//! while its batch fills; evicted frames go back in batches through
+//! `free_bulk`, which merges neighbours into runs.
 //!
 //! Locks: each page's fault lock, only tried (a held one: the page is
 //! busy, skipped) — except those the hand holds already: the reclaiming
-//! fault's own (`held`) and its batch's. The hand's mutex, a leaf, to read
+//! fault's own (`held`) and its batches'. The hand's mutex, a leaf, to read
 //! and store where it stands.
 
 use super::cursor::UsedPages;
 use super::drops::{self, CleanDrops};
+use super::evictions::{self, Evictions};
 use super::{runs, step, worth_walking};
 use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator};
@@ -53,12 +58,15 @@ pub(super) fn clock_pass(
         freed: 0,
         evicted: Vec::with_capacity(64),
         drops: CleanDrops::default(),
+        evictions: Evictions::default(),
     };
     let mut used = UsedPages::default();
     let mut steps = 0;
-    while pass.freed < want && steps < 2 * total + regions.len() && !enough() {
+    while pass.freed + pass.evictions.len() < want && steps < 2 * total + regions.len() && !enough()
+    {
         if ri >= regions.len() {
             pass.drop_batch();
+            pass.evict_batch();
             ri = 0;
             page = 0;
         }
@@ -75,6 +83,7 @@ pub(super) fn clock_pass(
         page = next + passed;
     }
     pass.drop_batch();
+    pass.evict_batch();
     core.alloc.free_bulk(&mut pass.evicted);
     let mut h = core.hand.lock();
     h.region_start = regions.get(ri).map_or(0, |r| r.start());
@@ -92,12 +101,23 @@ struct Pass<'a> {
     evicted: Vec<Frame>,
     /// Clean pages, with their locks, until their batch is dropped.
     drops: CleanDrops<'a>,
+    /// Parked pages, with their locks, until their batch is evicted.
+    evictions: Evictions<'a>,
 }
 
 impl<'a> Pass<'a> {
     /// Drops the batch of clean pages, counting the frames freed.
     fn drop_batch(&mut self) {
         self.freed += self.drops.drop_all(self.core, &mut self.evicted);
+    }
+
+    /// Evicts the batch of parked pages (a store call: the clean batch is
+    /// dropped first), counting the frames freed.
+    fn evict_batch(&mut self) {
+        if self.evictions.len() > 0 {
+            self.drop_batch();
+            self.freed += self.evictions.evict_all(self.core, &mut self.evicted);
+        }
     }
 
     /// Visits `page` of `r`, a page in use; returns the pages passed (a
@@ -116,7 +136,8 @@ impl<'a> Pass<'a> {
             // them). Read without the lock: a hint, checked again below.
             self.drop_batch();
         }
-        let Some((idx, guard)) = try_page_lock(core, r, page, self.held, &self.drops) else {
+        let holds = |idx| self.drops.holds(idx) || self.evictions.holds(idx);
+        let Some((idx, guard)) = try_page_lock(core, r, page, self.held, holds) else {
             return 1;
         };
         if let Some(f) = drops::protected_frame(core, r, page) {
@@ -135,6 +156,13 @@ impl<'a> Pass<'a> {
             self.freed += run_freed;
             return run;
         }
+        if let Some(f) = evictions::victim(core, r, page) {
+            self.evictions.push(r, page, f, (idx, guard));
+            if self.evictions.is_full() {
+                self.evict_batch();
+            }
+            return 1;
+        }
         self.freed += step(core, r, page, &mut self.evicted);
         drop(guard);
         1
@@ -150,18 +178,18 @@ fn hand_start(core: &Core, regions: &[&Arc<RegionInner>]) -> (usize, usize) {
 }
 
 /// `page`'s fault lock for the hand: its index and guard (`None`: one the
-/// hand holds already, the caller's own `held` or its batch's), or `None`
+/// hand holds already, the caller's own `held` or one its batches hold), or `None`
 /// if another holds it (the page is busy).
 fn try_page_lock<'a>(
     core: &'a Core,
     r: &RegionInner,
     page: usize,
     held: Option<usize>,
-    drops: &CleanDrops<'_>,
+    holds: impl Fn(usize) -> bool,
 ) -> Option<(usize, Option<FaultGuard<'a>>)> {
     let (domain, key) = r.lock_key(page);
     let idx = core.locks.index(domain, key);
-    if held == Some(idx) || drops.holds(idx) {
+    if held == Some(idx) || holds(idx) {
         return Some((idx, None));
     }
     core.locks.try_lock(domain, key).map(|g| (idx, Some(g)))

@@ -11,7 +11,8 @@
 //! its frame freed. A page's frame is freed only after its data is safe in the store;
 //! if the write fails the page stays parked and the error is queued. Runs
 //! of consecutive pages are parked with one move and evicted with one store
-//! call (`runs.rs`).
+//! call (`runs.rs`); scattered parked pages are evicted 32 at a time, their
+//! writes in flight together (`evictions.rs`).
 //!
 //! Only pages in pool 0 (the budget) are reclaimed; pages migrated to
 //! another pool stay there until migrated back or unmapped.
@@ -37,9 +38,10 @@
 //! (a held lock is skipped: its page is busy, and a worker that reclaims while
 //! holding its own page's lock must not wait on another) — except pages under
 //! the lock the reclaiming worker itself holds, which it may step as they are,
-//! and pages under a lock its batch of clean pages holds (`drops.rs`: those
-//! locks are kept until the batch is dropped, which happens before any
-//! eviction that may call a store and before the hand comes round). The page
+//! and pages under a lock one of its batches holds (`drops.rs`: the clean
+//! pages' locks are kept until the batch is dropped, which happens before any
+//! eviction that may call a store and before the hand comes round;
+//! `evictions.rs`: the victims' locks until their write-back is done). The page
 //! being faulted is absent, so the worker never steps it. The hand's mutex
 //! is a leaf held only to read and store the hand.
 
@@ -58,6 +60,7 @@ use std::time::Instant;
 
 mod cursor;
 mod drops;
+mod evictions;
 mod faulting;
 mod hand;
 mod runs;

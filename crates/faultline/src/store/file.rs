@@ -382,6 +382,45 @@ impl Store for File {
             })
     }
 
+    /// Scattered pages, all in flight at once where they go direct
+    /// (`faultline_sys::io::write_many`): a device takes many writes in
+    /// flight faster than one at a time. A page that cannot go direct, or
+    /// whose write comes back short or refused, is written alone by
+    /// [`Store::write`] (direct, or buffered where the kernel refuses the
+    /// alignment); every page is tried, and the first error is returned.
+    fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        use std::os::fd::AsFd;
+        self.must_write("write")?;
+        let mut alone: Vec<usize> = (0..pages.len()).collect();
+        if let Some(d) = self.direct.as_ref().filter(|_| pages.len() > 1) {
+            let (batched, rest): (Vec<usize>, Vec<usize>) = alone.into_iter().partition(|&i| {
+                let (page, buf) = pages[i];
+                let at = self.at(page, buf.len());
+                self.direct_for(at, buf.as_ptr(), buf.len()).is_some()
+            });
+            let batch: Vec<(u64, &[u8])> = batched
+                .iter()
+                .map(|&i| (self.at(pages[i].0, pages[i].1.len()), pages[i].1))
+                .collect();
+            let done = faultline_sys::io::write_many(d.as_fd(), &batch);
+            alone = rest;
+            alone.extend(
+                batched
+                    .iter()
+                    .zip(&done)
+                    .filter(|(&i, d)| d.as_ref().ok() != Some(&pages[i].1.len()))
+                    .map(|(&i, _)| i),
+            );
+        }
+        let mut first_err = None;
+        for i in alone {
+            if let Err(e) = self.write(pages[i].0, pages[i].1) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         if !self.writable {
             return Ok(());

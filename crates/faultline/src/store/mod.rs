@@ -175,9 +175,10 @@ pub trait Store: Send + Sync + Debug {
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError>;
 
     /// Stores several pages in one call (each page's index and its bytes,
-    /// one page each, ascending): the write-back of a run of evicted pages.
-    /// The default writes them one by one; a remote store sends them in
-    /// one round trip.
+    /// one page each, ascending, not necessarily consecutive): the
+    /// write-back of a run of evicted pages, or of a batch of scattered
+    /// ones. The default writes them one by one; a file store has them all
+    /// in flight at once, a remote store sends them in one round trip.
     ///
     /// # Errors
     /// Any [`StoreError`]: none of the pages counts as written (all stay
