@@ -115,7 +115,12 @@ fn vm_hwm_mib() -> f64 {
 }
 
 /// Runs up to `ops` ops per thread on `[base, base + len)`, stopping early at
-/// `secs` seconds; returns ops/s over the ops done.
+/// `secs` seconds; returns ops/s over the ops done. A write stores a word
+/// that differs from run to run (salted with [`run_salt`]): every row
+/// writes the same pages in the same order, and a row that stored the
+/// words an earlier row left in the file would find its pages clean and
+/// skip their write-back, which the kernel never does (a write dirties its
+/// page whatever it stores).
 pub(crate) fn drive(
     base: usize,
     len: usize,
@@ -134,6 +139,7 @@ pub(crate) fn drive(
     // (a hot set that fits a budget of a fifth), the rest anywhere.
     let hot = pattern.ends_with("hot");
     let random = pattern.starts_with("random");
+    let salt = run_salt();
     let t = Instant::now();
     let done: usize = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -158,7 +164,7 @@ pub(crate) fn drive(
                         if write {
                             // SAFETY: inside the mapping/region, which outlives
                             // the scope; threads write distinct words of a page.
-                            unsafe { a.write_volatile(i as u64) };
+                            unsafe { a.write_volatile(i as u64 ^ salt) };
                         } else {
                             // SAFETY: as above.
                             let v = unsafe { a.read_volatile() };
@@ -178,6 +184,16 @@ pub(crate) fn drive(
         hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
     });
     done as f64 / t.elapsed().as_secs_f64()
+}
+
+/// A word no earlier run stored: the clock's nanoseconds and this
+/// process's id, mixed (64 bits: two runs collide with probability 2^-64).
+fn run_salt() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut next = rng(nanos ^ u64::from(std::process::id()) << 32);
+    next()
 }
 
 /// `Config::small_zone_pct` of faultline's side: the workload is 4 KiB
