@@ -1,8 +1,9 @@
 //! Reads whose completion the reading thread polls for: one `io_uring` per
 //! thread, a read submitted on it, and the thread spinning on the
 //! completion queue for up to a bound before it sleeps in `io_uring_enter`.
-//! And writes in batches ([`write_many`]): a batch's writes all in flight
-//! on the same ring at once, waited for together.
+//! And writes in batches ([`write_many`]): a batch's writes (each one
+//! buffer or a vector of them, as `pwritev`) all in flight on the same
+//! ring at once, waited for together.
 //!
 //! Why: on a KVM guest whose idle vCPUs halt, a thread that sleeps in
 //! `pread` is woken by an interrupt to a halted vCPU — the host must run
@@ -27,6 +28,7 @@
 //! the thread's own.
 
 use std::cell::RefCell;
+use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -91,13 +93,17 @@ fn make(ring: &mut Ring) {
     }
 }
 
-/// Writes each `(offset, bytes)` of `writes` to `fd`, like `pwrite(2)`,
+/// Writes each `(offset, buffers)` of `writes` to `fd`, like `pwritev(2)`
+/// (the buffers one after the other from the offset; at most `IOV_MAX`),
 /// with the whole batch in flight at once on this thread's ring ([`ENTRIES`]
 /// at a time) and waited for (sleeping: a batch takes long). Returns each
 /// write's bytes written (a short count is the caller's to finish) or its
 /// error, in the order given. Where no ring can be had, or the calling
-/// thread's is in use further up its stack, each is a plain `pwrite`.
-pub fn write_many(fd: BorrowedFd<'_>, writes: &[(u64, &[u8])]) -> Vec<std::io::Result<usize>> {
+/// thread's is in use further up its stack, each is a plain `pwritev`.
+pub fn write_many(
+    fd: BorrowedFd<'_>,
+    writes: &[(u64, &[IoSlice<'_>])],
+) -> Vec<std::io::Result<usize>> {
     let mut done: Vec<Option<std::io::Result<usize>>> = writes.iter().map(|_| None).collect();
     RING.with(|cell| {
         let Ok(mut ring) = cell.try_borrow_mut() else {
@@ -121,7 +127,7 @@ pub fn write_many(fd: BorrowedFd<'_>, writes: &[(u64, &[u8])]) -> Vec<std::io::R
     writes
         .iter()
         .zip(done)
-        .map(|(&(offset, buf), d)| d.unwrap_or_else(|| pwrite(fd, buf, offset)))
+        .map(|(&(offset, bufs), d)| d.unwrap_or_else(|| pwritev(fd, bufs, offset)))
         .collect()
 }
 
@@ -131,22 +137,24 @@ pub fn write_many(fd: BorrowedFd<'_>, writes: &[(u64, &[u8])]) -> Vec<std::io::R
 fn in_flight(
     ring: &mut io_uring::IoUring,
     fd: BorrowedFd<'_>,
-    batch: &[(u64, &[u8])],
+    batch: &[(u64, &[IoSlice<'_>])],
     out: &mut [Option<std::io::Result<usize>>],
 ) -> bool {
     let mut pushed = 0;
-    for (i, &(offset, buf)) in batch.iter().enumerate() {
-        // At most u32 bytes a request: the caller finishes a short write.
-        let len = buf.len().min(u32::MAX as usize & !4095) as u32;
-        let sqe =
-            io_uring::opcode::Write::new(io_uring::types::Fd(fd.as_raw_fd()), buf.as_ptr(), len)
-                .offset(offset)
-                .build()
-                .user_data(i as u64);
-        // SAFETY: `buf` (`len` bytes) stays valid and unchanged until the
-        // entry's completion is reaped below, before this function
-        // returns (every submitted entry is reaped), and `fd` stays open
-        // for the call. The queue is empty on entry and holds `ENTRIES`.
+    for (i, &(offset, bufs)) in batch.iter().enumerate() {
+        let fd = io_uring::types::Fd(fd.as_raw_fd());
+        // `IoSlice` is ABI-compatible with `iovec` (std guarantees it on
+        // Unix).
+        let iov = bufs.as_ptr().cast::<libc::iovec>();
+        let sqe = io_uring::opcode::Writev::new(fd, iov, bufs.len() as u32)
+            .offset(offset)
+            .build()
+            .user_data(i as u64);
+        // SAFETY: the vector `bufs` and the buffers it names stay valid and
+        // unchanged until the entry's completion is reaped below, before
+        // this function returns (every submitted entry is reaped), and `fd`
+        // stays open for the call. The queue is empty on entry and holds
+        // `ENTRIES`.
         if unsafe { ring.submission().push(&sqe) }.is_err() {
             break;
         }
@@ -210,16 +218,17 @@ fn wait_one(ring: &mut io_uring::IoUring) {
     }
 }
 
-/// `pwrite(2)`, retried on `EINTR`.
-fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+/// `pwritev(2)`, retried on `EINTR`.
+fn pwritev(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>], offset: u64) -> std::io::Result<usize> {
     loop {
-        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
-        // call, and `fd` is open (borrowed for the call).
+        // SAFETY: `bufs` (ABI-compatible with `iovec`) and the buffers it
+        // names are valid for reads for the call, and `fd` is open
+        // (borrowed for the call).
         let n = unsafe {
-            libc::pwrite(
+            libc::pwritev(
                 fd.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
+                bufs.as_ptr().cast(),
+                bufs.len() as libc::c_int,
                 offset as libc::off_t,
             )
         };
@@ -469,20 +478,25 @@ mod tests {
         // scattered order, and one past the end (the file grows).
         let order: Vec<usize> = (0..70).map(|i| (i * 37) % pages).collect();
         let bufs: Vec<Vec<u8>> = order.iter().map(|&p| vec![p as u8 + 1; 4096]).collect();
-        let mut writes: Vec<(u64, &[u8])> = order
+        let slices: Vec<[IoSlice<'_>; 1]> = bufs.iter().map(|b| [IoSlice::new(b)]).collect();
+        let mut writes: Vec<(u64, &[IoSlice<'_>])> = order
             .iter()
-            .zip(&bufs)
+            .zip(&slices)
             .map(|(&p, b)| ((p * 4096) as u64, &b[..]))
             .collect();
-        let tail = vec![0xEEu8; 100];
-        writes.push(((pages * 4096) as u64, &tail));
+        // A vectored write: three buffers, one after the other, past the
+        // end of the file (it grows).
+        let tail = [vec![0xEEu8; 100], vec![0xEF; 50], vec![0xF0; 10]];
+        let tail_slices: Vec<IoSlice<'_>> = tail.iter().map(|b| IoSlice::new(b)).collect();
+        writes.push(((pages * 4096) as u64, &tail_slices));
         let done = write_many(f.as_fd(), &writes);
         assert_eq!(done.len(), writes.len());
         for (d, w) in done.iter().zip(&writes) {
-            assert_eq!(d.as_ref().ok(), Some(&w.1.len()), "write at {}", w.0);
+            let len: usize = w.1.iter().map(|b| b.len()).sum();
+            assert_eq!(d.as_ref().ok(), Some(&len), "write at {}", w.0);
         }
         let back = std::fs::read(&path).expect("read back");
-        assert_eq!(back.len(), pages * 4096 + 100);
+        assert_eq!(back.len(), pages * 4096 + 160);
         for p in 0..pages {
             let want = if order.contains(&p) { p as u8 + 1 } else { 0 };
             assert!(
@@ -490,7 +504,10 @@ mod tests {
                 "page {p}"
             );
         }
-        assert!(back[pages * 4096..].iter().all(|&b| b == 0xEE));
+        let tail_back = &back[pages * 4096..];
+        assert!(tail_back[..100].iter().all(|&b| b == 0xEE));
+        assert!(tail_back[100..150].iter().all(|&b| b == 0xEF));
+        assert!(tail_back[150..].iter().all(|&b| b == 0xF0));
         // A read-only descriptor: every write fails, each with its error.
         let ro = std::fs::File::open(&path).expect("open read-only");
         let failed = write_many(ro.as_fd(), &writes[..3]);
