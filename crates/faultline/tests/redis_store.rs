@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{kernel_read, manager, MIB};
+use common::{config, kernel_read, manager, manager_with, MIB};
 use faultline::store::{Redis, RedisOptions};
 use faultline::MapOptions;
 use redis_harness::Server;
@@ -43,6 +43,20 @@ fn get(r: &faultline::Region, p: usize) -> u64 {
     r.read_at(p * PAGE + (p % 500) * 8, &mut b)
         .expect("read_at inside the region");
     u64::from_le_bytes(b)
+}
+
+/// The `MSET` commands the server has run (`INFO commandstats`).
+fn mset_calls(s: &Server) -> u64 {
+    let mut c = s.connection().expect("connection");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_mset:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The page as Redis holds it, read directly (`None`: no key).
@@ -102,6 +116,55 @@ fn pages_round_trip_through_redis_under_a_small_budget() {
         assert_eq!(get(&again, p), word(p, 1), "page {p} read back from Redis");
     }
     assert!(mm.take_error().is_none());
+}
+
+#[test]
+fn a_random_writers_scattered_victims_leave_in_batches() {
+    // Pages written in random order, one at a time (no fault-around),
+    // leave no runs: reclaim batches its scattered victims, and one server
+    // takes a batch as one `MSET`, whatever windows its pages are in (8
+    // pages a window here: a batch spans several).
+    let s = server();
+    let mut c = config(4 * MIB);
+    c.fault_around = 1;
+    let mm = manager_with(c);
+    let pages = 16 * MIB / PAGE;
+    let opts = RedisOptions::new("scattered")
+        .window(8)
+        .timeout(Duration::from_millis(500));
+    let store = Redis::connect(&s.url(), opts).expect("connect to the test's redis-server");
+    let r = mm.map(pages * PAGE, store, MapOptions::new()).expect("map");
+    let mut order: Vec<usize> = (0..pages).collect();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in (1..pages).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, x as usize % (i + 1));
+    }
+    for &p in &order {
+        put(&r, p, word(p, 2));
+    }
+    let st = mm.stats();
+    let msets = mset_calls(&s);
+    println!(
+        "{} pages written back in {} store calls, {msets} MSETs",
+        st.written_back, st.store_writes.count
+    );
+    assert!(st.written_back as usize >= pages / 2, "{st}");
+    assert!(msets * 4 < st.written_back, "{msets} MSETs: {st}");
+    for &p in order.iter().rev() {
+        assert_eq!(get(&r, p), word(p, 2), "page {p} after eviction to Redis");
+    }
+    drop(r);
+    let mut c = s.connection().expect("connection");
+    for p in (0..pages).step_by(89) {
+        let key = format!("{{scattered:{}}}:{p}", p / 8);
+        let v: Vec<u8> = redis::cmd("GET").arg(key).query(&mut c).expect("GET");
+        let off = (p % 500) * 8;
+        let w = u64::from_le_bytes(v[off..off + 8].try_into().expect("8 bytes"));
+        assert_eq!(w, word(p, 2), "page {p} in Redis");
+    }
 }
 
 #[test]

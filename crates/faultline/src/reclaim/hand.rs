@@ -178,8 +178,8 @@ fn hand_start(core: &Core, regions: &[&Arc<RegionInner>]) -> (usize, usize) {
 }
 
 /// `page`'s fault lock for the hand: its index and guard (`None`: one the
-/// hand holds already, the caller's own `held` or one its batches hold), or `None`
-/// if another holds it (the page is busy).
+/// hand holds already, the caller's own `held` or one its batches hold:
+/// `holds`), or `None` if another holds it (the page is busy).
 fn try_page_lock<'a>(
     core: &'a Core,
     r: &RegionInner,

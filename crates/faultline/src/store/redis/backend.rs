@@ -27,6 +27,11 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// Replicas each write waits for unless the options say.
     #[doc(hidden)]
     const DEFAULT_REPLICAS: usize;
+    /// Whether one command may name keys of any hash slots (one server:
+    /// a write-back batch's scattered pages are one `MSET`); on a
+    /// cluster a command stays within one slot (one window of pages).
+    #[doc(hidden)]
+    const ANY_SLOTS: bool;
     /// A new connection, timeouts set.
     #[doc(hidden)]
     fn connect(&self) -> RedisResult<Self::Conn>;
@@ -99,6 +104,7 @@ impl Backend for Server {
     type Conn = ::redis::Connection;
     const NAME: &'static str = "redis";
     const DEFAULT_REPLICAS: usize = 0;
+    const ANY_SLOTS: bool = true;
 
     fn connect(&self) -> RedisResult<Self::Conn> {
         let c = self.client.get_connection_with_timeout(self.timeout)?;
@@ -168,6 +174,7 @@ impl Backend for Cluster {
     type Conn = ClusterConnection;
     const NAME: &'static str = "redis-cluster";
     const DEFAULT_REPLICAS: usize = 1;
+    const ANY_SLOTS: bool = false;
 
     fn connect(&self) -> RedisResult<Self::Conn> {
         self.client.get_connection()

@@ -15,8 +15,9 @@
 //! Invariants (what makes the store safe to page to):
 //! - A key that does not exist reads as a page of zeros (a fresh region).
 //!   A value of any other length than the page is an error, never data.
-//! - A write-back run is one `MSET` per window, with its `WAIT`: one round
-//!   trip on a server (pipelined), two on a cluster (see `backend.rs`).
+//! - A write-back run or batch is one `MSET` with its `WAIT` on a server
+//!   (one round trip, pipelined), one per window on a cluster (two round
+//!   trips each: see `backend.rs`).
 //! - `write` returns only after the server acknowledged the `MSET` and, if
 //!   [`RedisOptions::replicas`] > 0, after `WAIT` saw that many replicas
 //!   take it; until then the page stays dirty in its frame (write-back
@@ -369,7 +370,10 @@ impl<B: Backend> Store for RedisStore<B> {
     }
 
     fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
-        for group in pages.chunk_by(|a, b| a.0 / self.opts.window == b.0 / self.opts.window) {
+        // One `MSET` per window (a hash slot) on a cluster; on one server
+        // one for all: a reclaim batch's scattered pages in one round trip.
+        let window = self.opts.window;
+        for group in pages.chunk_by(|a, b| B::ANY_SLOTS || a.0 / window == b.0 / window) {
             let mut mset = ::redis::cmd("MSET");
             for &(page, bytes) in group {
                 mset.arg(self.opts.key(page)).arg(bytes);
