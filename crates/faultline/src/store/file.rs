@@ -545,4 +545,48 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Any ascending set of pages, some in page-aligned buffers and
+        /// some not, lands as an oracle of plain writes says.
+        #[test]
+        fn write_pages_matches_page_by_page_writes(
+            picks in proptest::collection::btree_map(
+                0u64..300,
+                (proptest::prelude::any::<u8>(), proptest::prelude::any::<bool>()),
+                1..120,
+            ),
+        ) {
+            let dir = std::env::temp_dir().join(format!(
+                "faultline-wpp-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let path = dir.join("f");
+            std::fs::write(&path, vec![0u8; 300 * 4096]).expect("create");
+            let f = File::open(&path, FileOptions::new().writable(true)).expect("open");
+            let m = aligned_pages(picks.len());
+            // SAFETY: the mapping is this case's own, live for the case.
+            let all = unsafe { std::slice::from_raw_parts_mut(m.addr() as *mut u8, m.len()) };
+            // Unaligned buffers: one byte into a heap allocation.
+            let mut heap = vec![0u8; picks.len() * 4096 + 1];
+            let mut oracle = vec![0u8; 300 * 4096];
+            let mut pages: Vec<(u64, &[u8])> = Vec::new();
+            let (mut aligned, mut unaligned) = (&mut all[..], &mut heap[1..]);
+            for (&page, &(byte, is_aligned)) in &picks {
+                let src = if is_aligned { &mut aligned } else { &mut unaligned };
+                let (buf, rest) = std::mem::take(src).split_at_mut(4096);
+                *src = rest;
+                buf.fill(byte);
+                oracle[page as usize * 4096..][..4096].fill(byte);
+                pages.push((page, &*buf));
+            }
+            f.write_pages(&pages).expect("write_pages");
+            let back = std::fs::read(&path).expect("read back");
+            let _ = std::fs::remove_dir_all(&dir);
+            proptest::prop_assert!(back == oracle);
+        }
+    }
 }
