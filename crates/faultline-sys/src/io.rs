@@ -95,8 +95,8 @@ fn make(ring: &mut Ring) {
 
 /// Writes each `(offset, buffers)` of `writes` to `fd`, like `pwritev(2)`
 /// (the buffers one after the other from the offset; at most `IOV_MAX`),
-/// with the whole batch in flight at once on this thread's ring ([`ENTRIES`]
-/// at a time) and waited for (sleeping: a batch takes long). Returns each
+/// with the whole batch in flight at once on this thread's ring (32 at a
+/// time) and waited for (sleeping: a batch takes long). Returns each
 /// write's bytes written (a short count is the caller's to finish) or its
 /// error, in the order given. Where no ring can be had, or the calling
 /// thread's is in use further up its stack, each is a plain `pwritev`.
@@ -220,41 +220,42 @@ fn wait_one(ring: &mut io_uring::IoUring) {
 
 /// `pwritev(2)`, retried on `EINTR`.
 fn pwritev(fd: BorrowedFd<'_>, bufs: &[IoSlice<'_>], offset: u64) -> std::io::Result<usize> {
-    loop {
+    retried(|| {
         // SAFETY: `bufs` (ABI-compatible with `iovec`) and the buffers it
         // names are valid for reads for the call, and `fd` is open
         // (borrowed for the call).
-        let n = unsafe {
+        unsafe {
             libc::pwritev(
                 fd.as_raw_fd(),
                 bufs.as_ptr().cast(),
                 bufs.len() as libc::c_int,
                 offset as libc::off_t,
             )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
         }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    })
 }
 
 /// `pread(2)`, retried on `EINTR`.
 fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    loop {
+    retried(|| {
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
         // call, and `fd` is open (borrowed for the call).
-        let n = unsafe {
+        unsafe {
             libc::pread(
                 fd.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 offset as libc::off_t,
             )
-        };
+        }
+    })
+}
+
+/// A transfer `call` (a byte count, or -1 with `errno`), made again while
+/// a signal interrupts it.
+fn retried(mut call: impl FnMut() -> isize) -> std::io::Result<usize> {
+    loop {
+        let n = call();
         if n >= 0 {
             return Ok(n as usize);
         }

@@ -4,8 +4,8 @@
 //! from its store and unwritten since) is the store's copy, and the kernel
 //! stops any write to it until faultline, under the page's lock, lifts the
 //! protection. So under that lock the page can leave its region without
-//! being parked, hashed or written: the hand collects up to [`BATCH`] such
-//! pages, each with its lock held, and drops them all with one
+//! being parked, hashed or written: the hand collects up to 32 such pages
+//! (`batch.rs`), each with its lock held, and drops them all with one
 //! `process_madvise(MADV_DONTNEED)` — one TLB flush for the batch where
 //! parking flushes once per page (measurements.md, "Does Linux batch the
 //! TLB flush"). Each page is then absent (its next touch reads the store)
@@ -15,14 +15,14 @@
 //! Why the locks are held across the drop: a write to a protected page
 //! stops in a write-protect fault whose handler needs the page's lock; it
 //! runs only after the page is gone, finds it absent, and the write
-//! retries into a fresh fill. Holding up to [`BATCH`] locks cannot
-//! deadlock: the hand only ever *tries* locks (`reclaim/mod.rs`), and the
+//! retries into a fresh fill. Holding up to 32 locks cannot deadlock: the
+//! hand only ever *tries* locks (`reclaim/mod.rs`), and the
 //! drop waits for nothing a lock holder may be waiting on (faulting
 //! threads wait for the lock in user space, holding no kernel lock). The
 //! hand drops its batch before anything that may call a store (a parked
 //! page's eviction: a store that touches a region would fault under the
 //! batch's locks) and before it comes round again; meanwhile pages under a
-//! lock the batch holds are the hand's to step ([`CleanDrops::holds`]).
+//! lock the batch holds are the hand's to step ([`LockedPages::holds`]).
 //! At the drop each page is checked again (still resident in its frame,
 //! protected, its range still mapped by the region): the hand's own thread
 //! may have changed it under a lock it holds, and an unmap may be waiting
@@ -37,18 +37,14 @@
 //! Locks: the batch's fault locks, taken by the hand, released when the
 //! batch is dropped (or the pass ends).
 
+use super::batch::{LockedPages, Pending};
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::Frame;
-use crate::locks::FaultGuard;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
 use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
-
-/// Pages dropped with one call at most: the kernel's own reclaim batch
-/// (`SWAP_CLUSTER_MAX`). Each holds its fault lock until the drop.
-pub(super) const BATCH: usize = 32;
 
 /// The frame of `page` if it is resident and protected in pool 0 (the
 /// budget's): dropped in a batch, not stepped. The caller
@@ -64,97 +60,34 @@ pub(super) fn protected_frame(core: &Core, r: &RegionInner, page: usize) -> Opti
     }
 }
 
-/// One protected page waiting for its batch's drop.
-struct Pending<'a> {
-    region: &'a RegionInner,
-    page: usize,
-    frame: u32,
-    /// The index of the fault lock its guard holds, if it has one.
-    lock: Option<usize>,
-    /// Its fault lock (`None`: one the hand holds already — the reclaiming
-    /// fault's own, or another batched page's).
-    _guard: Option<FaultGuard<'a>>,
-}
-
-/// The batch being collected by one pass of the hand.
-#[derive(Default)]
-pub(super) struct CleanDrops<'a> {
-    pending: Vec<Pending<'a>>,
-}
-
-impl<'a> CleanDrops<'a> {
-    /// Adds protected `page` of `region` (frame `frame`), whose lock
-    /// `guard` holds (lock `idx`), or the caller does (`guard` `None`). A page already in the batch is
-    /// not added again (its frame would be freed twice: the hand drops the
-    /// batch before it comes round, so this is a second line).
-    pub(super) fn push(
-        &mut self,
-        region: &'a RegionInner,
-        page: usize,
-        frame: u32,
-        (idx, guard): (usize, Option<FaultGuard<'a>>),
-    ) {
-        let again = self
-            .pending
-            .iter()
-            .any(|p| std::ptr::eq(p.region, region) && p.page == page);
-        debug_assert!(!again, "page {page} pushed twice");
-        if again {
-            return;
+/// Drops the batch of clean pages `batch` (see the module docs), releasing
+/// its locks only once every page of it is dropped (a page of one region
+/// may be under the lock a page of another holds); frames freed are pushed
+/// on `evicted` for the caller to free. Returns pages freed.
+pub(super) fn drop_all(
+    batch: &mut LockedPages<'_>,
+    core: &Core,
+    evicted: &mut Vec<Frame>,
+) -> usize {
+    let pending = batch.take();
+    let mut freed = 0;
+    let mut done = vec![false; pending.len()];
+    for i in 0..pending.len() {
+        if done[i] {
+            continue;
         }
-        self.pending.push(Pending {
-            region,
-            page,
-            frame,
-            lock: guard.as_ref().map(|_| idx),
-            _guard: guard,
-        });
+        // One call per region (a batch usually holds one).
+        let region = pending[i].region;
+        let mine: Vec<&Pending<'_>> = (i..pending.len())
+            .filter(|&j| std::ptr::eq(pending[j].region, region))
+            .inspect(|&j| done[j] = true)
+            .map(|j| &pending[j])
+            .collect();
+        freed += drop_region_pages(core, region, &mine, evicted);
     }
-
-    /// Whether the batch is empty.
-    pub(super) fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// Whether the batch is full.
-    pub(super) fn is_full(&self) -> bool {
-        self.pending.len() >= BATCH
-    }
-
-    /// Whether the batch holds fault lock `idx`: a page under it is the
-    /// hand's to step as it is (as under the reclaiming fault's own lock),
-    /// or with one lock for every page (`LockMode::Global`) the first
-    /// page batched would stop the hand for the rest of its walk.
-    pub(super) fn holds(&self, idx: usize) -> bool {
-        self.pending.iter().any(|p| p.lock == Some(idx))
-    }
-
-    /// Drops the batch (see the module docs), releasing its locks only
-    /// once every page of it is dropped (a page of one region may be under
-    /// the lock a page of another holds); frames freed are pushed on
-    /// `evicted` for the caller to free. Returns pages freed.
-    pub(super) fn drop_all(&mut self, core: &Core, evicted: &mut Vec<Frame>) -> usize {
-        let pending = std::mem::take(&mut self.pending);
-        let mut freed = 0;
-        let mut done = vec![false; pending.len()];
-        for i in 0..pending.len() {
-            if done[i] {
-                continue;
-            }
-            // One call per region (a batch usually holds one).
-            let region = pending[i].region;
-            let mine: Vec<&Pending<'_>> = (i..pending.len())
-                .filter(|&j| std::ptr::eq(pending[j].region, region))
-                .inspect(|&j| done[j] = true)
-                .map(|j| &pending[j])
-                .collect();
-            freed += drop_region_pages(core, region, &mine, evicted);
-        }
-        drop(pending);
-        freed
-    }
+    drop(pending);
+    freed
 }
-
 /// Whether pending `p` is still what it was when batched: resident in its
 /// frame, protected, its region live there. Its lock has been held since,
 /// but the hand's own thread may have changed it meanwhile (a park of a

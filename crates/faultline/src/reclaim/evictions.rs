@@ -1,6 +1,6 @@
-//! Parked pages evicted in batches: the clock hand collects up to [`BATCH`]
-//! parked 4 KiB pages of writable stores, each with its fault lock held,
-//! and evicts them together — their dirty pages go to each region's store
+//! Parked pages evicted in batches: the clock hand collects up to 32
+//! (`batch.rs`) parked 4 KiB pages of writable stores, each with its
+//! fault lock held, and evicts them together — their dirty pages go to each region's store
 //! in one call (`writeback::put_pages`: a file store has them all in
 //! flight at once, a remote store takes them in one round trip), then every
 //! frame is freed. Evicted one at a time, a reclaimer kept one write in
@@ -16,7 +16,7 @@
 //! held since it was batched, but the hand's own thread may have changed
 //! it under a lock it holds (a store call of its own, a run's eviction,
 //! whose nested fault on it was served under that lock: `nesting.rs`).
-//! Holding up to [`BATCH`] locks cannot deadlock, as for the clean drops
+//! Holding up to 32 locks cannot deadlock, as for the clean drops
 //! (`drops.rs`): the hand only tries locks, and a nested fault of the
 //! batch's own store call on a page under a lock the hand holds is served
 //! under it (never for the batch's own pages: a store reading the page it
@@ -25,17 +25,13 @@
 //! Locks: the batch's fault locks, taken by the hand, released when the
 //! batch is evicted (or the pass ends).
 
+use super::batch::{LockedPages, Pending};
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::Frame;
-use crate::locks::FaultGuard;
 use crate::region::{PageState, RegionInner};
 use crate::writeback;
 use std::sync::atomic::Ordering;
-
-/// Pages evicted at once at most: the kernel's own reclaim batch
-/// (`SWAP_CLUSTER_MAX`), and the file store's writes in flight at once.
-pub(super) const BATCH: usize = 32;
 
 /// The frame of `page` if the batch takes it: a parked 4 KiB page of pool
 /// 0 in a live region whose store is written to. Anything else is stepped
@@ -54,84 +50,27 @@ pub(super) fn victim(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
     }
 }
 
-/// One parked page waiting for its batch.
-struct Pending<'a> {
-    region: &'a RegionInner,
-    page: usize,
-    frame: u32,
-    /// The index of the fault lock its guard holds, if it has one.
-    lock: Option<usize>,
-    /// Its fault lock (`None`: one the hand holds already).
-    _guard: Option<FaultGuard<'a>>,
+/// Evicts the batch of parked pages `batch`: per region, its dirty pages
+/// written with one store call, then every page absent and its frame
+/// pushed on `evicted` for the caller to free. The locks are released once
+/// every region's call is done. Returns pages freed.
+pub(super) fn evict_all(
+    batch: &mut LockedPages<'_>,
+    core: &Core,
+    evicted: &mut Vec<Frame>,
+) -> usize {
+    let mut pending = batch.take();
+    // By region, ascending pages: what `Store::write_pages` takes.
+    pending.sort_by_key(|p| (p.region.id, p.page));
+    let freed = pending
+        .chunk_by(|a, b| std::ptr::eq(a.region, b.region))
+        .map(|group| evict_region_pages(core, group, evicted))
+        .sum();
+    drop(pending);
+    freed
 }
 
-/// The batch being collected by one pass of the hand.
-#[derive(Default)]
-pub(super) struct Evictions<'a> {
-    pending: Vec<Pending<'a>>,
-}
-
-impl<'a> Evictions<'a> {
-    /// Adds parked `page` of `region` (frame `frame`, from [`victim`]),
-    /// whose lock `guard` holds (lock `idx`), or the caller does (`guard`
-    /// `None`). A page already in the batch is not added again.
-    pub(super) fn push(
-        &mut self,
-        region: &'a RegionInner,
-        page: usize,
-        frame: u32,
-        (idx, guard): (usize, Option<FaultGuard<'a>>),
-    ) {
-        let again = self
-            .pending
-            .iter()
-            .any(|p| std::ptr::eq(p.region, region) && p.page == page);
-        debug_assert!(!again, "page {page} batched twice");
-        if again {
-            return;
-        }
-        self.pending.push(Pending {
-            region,
-            page,
-            frame,
-            lock: guard.as_ref().map(|_| idx),
-            _guard: guard,
-        });
-    }
-
-    /// Pages in the batch.
-    pub(super) fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// Whether the batch is full.
-    pub(super) fn is_full(&self) -> bool {
-        self.pending.len() >= BATCH
-    }
-
-    /// Whether the batch holds fault lock `idx` (see `CleanDrops::holds`).
-    pub(super) fn holds(&self, idx: usize) -> bool {
-        self.pending.iter().any(|p| p.lock == Some(idx))
-    }
-
-    /// Evicts the batch: per region, its dirty pages written with one
-    /// store call, then every page absent and its frame pushed on
-    /// `evicted` for the caller to free. The locks are released once
-    /// every region's call is done. Returns pages freed.
-    pub(super) fn evict_all(&mut self, core: &Core, evicted: &mut Vec<Frame>) -> usize {
-        let mut pending = std::mem::take(&mut self.pending);
-        // By region, ascending pages: what `Store::write_pages` takes.
-        pending.sort_by_key(|p| (p.region.id, p.page));
-        let freed = pending
-            .chunk_by(|a, b| std::ptr::eq(a.region, b.region))
-            .map(|group| evict_region_pages(core, group, evicted))
-            .sum();
-        drop(pending);
-        freed
-    }
-}
-
-/// Evicts `pages`, all of one region (see [`Evictions::evict_all`]).
+/// Evicts `pages`, all of one region (see [`evict_all`]).
 fn evict_region_pages(core: &Core, pages: &[Pending<'_>], evicted: &mut Vec<Frame>) -> usize {
     let Some(region) = pages.first().map(|p| p.region) else {
         return 0;

@@ -21,9 +21,9 @@
 //! fault's own (`held`) and its batches'. The hand's mutex, a leaf, to read
 //! and store where it stands.
 
+use super::batch::LockedPages;
 use super::cursor::UsedPages;
-use super::drops::{self, CleanDrops};
-use super::evictions::{self, Evictions};
+use super::{drops, evictions};
 use super::{runs, step, worth_walking};
 use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator};
@@ -57,8 +57,8 @@ pub(super) fn clock_pass(
         held,
         freed: 0,
         evicted: Vec::with_capacity(64),
-        drops: CleanDrops::default(),
-        evictions: Evictions::default(),
+        drops: LockedPages::default(),
+        evictions: LockedPages::default(),
     };
     let mut used = UsedPages::default();
     let mut steps = 0;
@@ -100,23 +100,23 @@ struct Pass<'a> {
     /// Frames evicted, freed in batches.
     evicted: Vec<Frame>,
     /// Clean pages, with their locks, until their batch is dropped.
-    drops: CleanDrops<'a>,
+    drops: LockedPages<'a>,
     /// Parked pages, with their locks, until their batch is evicted.
-    evictions: Evictions<'a>,
+    evictions: LockedPages<'a>,
 }
 
 impl<'a> Pass<'a> {
     /// Drops the batch of clean pages, counting the frames freed.
     fn drop_batch(&mut self) {
-        self.freed += self.drops.drop_all(self.core, &mut self.evicted);
+        self.freed += drops::drop_all(&mut self.drops, self.core, &mut self.evicted);
     }
 
     /// Evicts the batch of parked pages (a store call: the clean batch is
     /// dropped first), counting the frames freed.
     fn evict_batch(&mut self) {
-        if self.evictions.len() > 0 {
+        if !self.evictions.is_empty() {
             self.drop_batch();
-            self.freed += self.evictions.evict_all(self.core, &mut self.evicted);
+            self.freed += evictions::evict_all(&mut self.evictions, self.core, &mut self.evicted);
         }
     }
 

@@ -58,6 +58,7 @@ use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+mod batch;
 mod cursor;
 mod drops;
 mod evictions;

@@ -389,7 +389,7 @@ impl Store for File {
     /// Pages all in flight at once where they go direct
     /// (`faultline_sys::io::write_many`): a device takes many writes in
     /// flight faster than one at a time, and consecutive pages go as one
-    /// vectored write (up to [`RUN_MAX_PAGES`]), as the kernel merges a
+    /// vectored write (up to 1 MiB), as the kernel merges a
     /// run of dirty pages into one request. A page that cannot go direct,
     /// or whose write comes back short or refused, is written alone by
     /// [`Store::write`] (direct, or buffered where the kernel refuses the
