@@ -17,7 +17,7 @@
 //!   A value of any other length than the page is an error, never data.
 //! - A write-back run or batch is one `MSET` with its `WAIT` on a server
 //!   (one round trip, pipelined), one per window on a cluster (two round
-//!   trips each: see `backend.rs`).
+//!   trips each: see `backend.rs`), at most 64 pages a command.
 //! - `write` returns only after the server acknowledged the `MSET` and, if
 //!   [`RedisOptions::replicas`] > 0, after `WAIT` saw that many replicas
 //!   take it; until then the page stays dirty in its frame (write-back
@@ -122,6 +122,13 @@ pub struct RedisStore<B: Backend> {
 
 /// Pages on one Redis server.
 pub type Redis = RedisStore<Server>;
+
+/// The most pages one `MSET` carries (256 KiB of 4 KiB pages): a write-back
+/// run may be 1 MiB, and the `redis` crate copies a command's arguments
+/// and then encodes them, so a longer command costs the process that much
+/// more memory outside the budget for its round trip (a 1 MiB `MSET` had
+/// the far-memory bench's 25 MiB cgroup kill its child).
+const MSET_MAX_PAGES: usize = 64;
 
 /// Pages spread over a Redis Cluster, a hash slot per window of pages.
 pub type RedisCluster = RedisStore<Cluster>;
@@ -372,8 +379,11 @@ impl<B: Backend> Store for RedisStore<B> {
     fn write_pages(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
         // One `MSET` per window (a hash slot) on a cluster; on one server
         // one for all: a reclaim batch's scattered pages in one round trip.
+        // At most `MSET_MAX_PAGES` a command: the command is built and sent
+        // from copies of the pages, memory the budget does not hold.
         let window = self.opts.window;
-        for group in pages.chunk_by(|a, b| B::ANY_SLOTS || a.0 / window == b.0 / window) {
+        let groups = pages.chunk_by(|a, b| B::ANY_SLOTS || a.0 / window == b.0 / window);
+        for group in groups.flat_map(|g| g.chunks(MSET_MAX_PAGES)) {
             let mut mset = ::redis::cmd("MSET");
             for &(page, bytes) in group {
                 mset.arg(self.opts.key(page)).arg(bytes);
