@@ -149,6 +149,10 @@ struct Batches {
     /// The longest batch, and batches whose pages were not consecutive.
     longest: std::sync::atomic::AtomicUsize,
     scattered: std::sync::atomic::AtomicUsize,
+    /// A page whose writes fail (ENOSPC) while set.
+    refuse: std::sync::Mutex<Option<u64>>,
+    /// Pages written, all calls.
+    written: std::sync::atomic::AtomicUsize,
 }
 
 impl Store for Batches {
@@ -165,7 +169,15 @@ impl Store for Batches {
     }
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
+        if *self.refuse.lock().expect("refuse") == Some(page) {
+            return Err(StoreError::Io {
+                op: "write",
+                page,
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
         self.pages.lock().expect("store").insert(page, buf.to_vec());
+        self.written.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -252,6 +264,81 @@ fn scattered_victims_are_written_back_in_batches_and_a_failed_batch_keeps_its_pa
         });
         assert_eq!(got, want, "page {p} in the store after teardown");
     }
+}
+
+#[test]
+fn a_flush_writes_in_batches_and_names_the_page_that_fails() {
+    // Everything resident (no reclaim): a flush writes 1,024 dirty pages,
+    // consecutive and scattered, in batches; one page's write fails, and
+    // the flush names it, writes every other page, and keeps it dirty in
+    // the region until a later flush writes it alone.
+    let mm = manager(16 * MIB);
+    let store = std::sync::Arc::new(Batches {
+        refuse: std::sync::Mutex::new(Some(300)),
+        ..Batches::default()
+    });
+    let pages = 2048;
+    let r = mm
+        .map_shared(pages * 4096, store.clone(), MapOptions::new())
+        .expect("map");
+    let mut next = rng(11);
+    // The first half all written, the second half a page in three.
+    let written: Vec<usize> = (0..pages)
+        .filter(|&p| p < pages / 2 || next() % 3 == 0)
+        .collect();
+    let value = |p: usize| (p as u64) << 8 | 0x5A;
+    for &p in &written {
+        r.write_at(p * 4096 + 8, &value(p).to_le_bytes())
+            .expect("write");
+    }
+    let err = r.flush().expect_err("page 300 cannot be written");
+    assert!(
+        matches!(&err, StoreError::Io { page: 300, .. }) && err.errno() == Some(libc::ENOSPC),
+        "the flush names the page that failed: {err}"
+    );
+    let longest = store.longest.load(Ordering::Relaxed);
+    assert!(
+        (2..=256).contains(&longest) && store.scattered.load(Ordering::Relaxed) > 0,
+        "written in batches of at most 256, scattered ones too (longest {longest})"
+    );
+    {
+        let stored = store.pages.lock().expect("store");
+        for &p in written.iter().filter(|&&p| p != 300) {
+            let got = stored.get(&(p as u64)).map(|b| b[8..16].to_vec());
+            assert_eq!(
+                got,
+                Some(value(p).to_le_bytes().to_vec()),
+                "page {p} in the store"
+            );
+        }
+        assert!(
+            !stored.contains_key(&300),
+            "the refused page is not in the store"
+        );
+    }
+    let mut got = [0u8; 8];
+    r.read_at(300 * 4096 + 8, &mut got).expect("read");
+    assert_eq!(
+        u64::from_le_bytes(got),
+        value(300),
+        "the refused page kept its data"
+    );
+    // The store takes it now: the next flush writes it and nothing else.
+    *store.refuse.lock().expect("refuse") = None;
+    let before = store.written.load(Ordering::Relaxed);
+    r.flush().expect("flush");
+    assert_eq!(
+        store.written.load(Ordering::Relaxed) - before,
+        1,
+        "only the page that failed"
+    );
+    let stored = store.pages.lock().expect("store");
+    let got = stored.get(&300).map(|b| b[8..16].to_vec());
+    assert_eq!(
+        got,
+        Some(value(300).to_le_bytes().to_vec()),
+        "page 300 in the store"
+    );
 }
 
 /// Pages of `page as u8 | 0x80`; reads of `flaky` fail until `fails` of

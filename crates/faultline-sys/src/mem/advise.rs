@@ -1,7 +1,8 @@
 //! Advice on a range of a [`Mapping`]: [`Advice`] (`madvise` that changes no
 //! data), NUMA binding (`mbind`), residency (`mincore`), and discarding pages
 //! (`MADV_DONTNEED`, alone or over many scattered ranges at once with
-//! `process_madvise`: the calls here that change content, hence `unsafe`).
+//! `process_madvise`: the calls here that change content, hence `unsafe`),
+//! and writing a shared file mapping's dirty pages back (`msync`).
 //!
 //! Invariants: every call first checks that the range lies inside the mapping
 //! and refuses it with `EINVAL` otherwise, so none of them can touch memory
@@ -76,6 +77,20 @@ impl Mapping {
         let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice.raw()) };
         if rc != 0 {
             return Err(SysError::last(advice.name(), addr, len));
+        }
+        Ok(())
+    }
+
+    /// Writes the dirty pages of the whole mapping (a shared file mapping)
+    /// to its file and waits for the writes (`msync(MS_SYNC)`): the
+    /// kernel's counterpart of a faultline region's flush.
+    pub fn sync(&self) -> Result<(), SysError> {
+        // SAFETY: the range is this mapping's own; `msync` reads its pages
+        // and changes nothing in memory.
+        let rc =
+            unsafe { libc::msync(self.addr() as *mut libc::c_void, self.len(), libc::MS_SYNC) };
+        if rc != 0 {
+            return Err(SysError::last("msync", self.addr(), self.len()));
         }
         Ok(())
     }

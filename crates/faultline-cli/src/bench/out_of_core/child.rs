@@ -5,7 +5,9 @@
 //! swaps (`anon`), or a faultline region over Redis (`redis`,
 //! `redis-cluster`: `--url`) — fills it first where it starts empty
 //! (untimed), runs the pattern, and prints one JSON line: ops/s, its peak
-//! RSS (`VmHWM`), and for faultline its fault service time, its fault
+//! RSS (`VmHWM`), after a pattern that writes to the file the time its
+//! dirty pages took to reach the disk (`flush_ms`: `msync`, or the region's
+//! `flush`), and for faultline its fault service time, its fault
 //! locks' waits and the events its spare servers served. faultline's
 //! manager takes every manager option the parent bench was given
 //! ([`crate::bench::BenchOpts::child_args`]).
@@ -100,6 +102,25 @@ struct Served {
     lock_wait_ms: f64,
     /// Events served by spare servers.
     spare_serves: u64,
+    /// The write-back after a pattern that writes ([`flush_ms`]).
+    flush_ms: Option<f64>,
+}
+
+/// Times `flush` after a pattern that dirties pages (`None` for one that
+/// reads): every page the pattern wrote goes to the file and the file is
+/// made durable — the kernel's `msync(MS_SYNC)`, a region's `flush` — so
+/// that write rows can be compared with their data on the disk, not only
+/// in memory.
+fn flush_ms(
+    pattern: &str,
+    flush: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Option<f64>> {
+    if !(pattern.ends_with("write") || pattern.ends_with("mixed")) {
+        return Ok(None);
+    }
+    let t = Instant::now();
+    flush()?;
+    Ok(Some(t.elapsed().as_secs_f64() * 1e3))
 }
 
 fn vm_hwm_mib() -> f64 {
@@ -264,6 +285,10 @@ fn faultline_side(
         fill(r.addr(), len);
     }
     let ops = drive(r.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
+    let flush_ms = match set {
+        Set::AsIs => flush_ms(&a.pattern, || Ok(r.flush()?))?,
+        _ => None,
+    };
     if let Some(e) = mm.take_error() {
         bail!("fault error: {e}");
     }
@@ -284,6 +309,7 @@ fn faultline_side(
             lock_contended_pct: 100.0 * locks.contentions as f64 / locks.acquisitions.max(1) as f64,
             lock_wait_ms: locks.wait_ns as f64 / 1e6,
             spare_serves: st.spare_serves,
+            flush_ms,
         },
     ))
 }
@@ -295,7 +321,7 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
     std::io::stdin().lock().read_line(&mut line)?;
     let redis_opts = || RedisOptions::new(format!("bench{}", std::process::id()));
     let (ops_per_s, served) = match a.system.as_str() {
-        "kernel" => (kernel_file(a, file_len()?)?, Served::default()),
+        "kernel" => kernel_file(a, file_len()?)?,
         "anon" => {
             // Anonymous memory: past the cgroup's limit the kernel swaps.
             let m = faultline_sys::mem::Mapping::anonymous(a.len, 4096)?;
@@ -351,13 +377,15 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
         json!({"ops_per_s": ops_per_s, "max_rss_mib": vm_hwm_mib(),
             "fault_p50_us": served.p50_us, "fault_p99_us": served.p99_us,
             "lock_contended_pct": served.lock_contended_pct,
-            "lock_wait_ms": served.lock_wait_ms, "spare_serves": served.spare_serves})
+            "lock_wait_ms": served.lock_wait_ms, "spare_serves": served.spare_serves,
+            "flush_ms": served.flush_ms})
     );
     Ok(())
 }
 
-/// The kernel's `mmap` of the file, with the row's hint: ops/s.
-fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<f64> {
+/// The kernel's `mmap` of the file, with the row's hint: ops/s, and the
+/// time its `msync` took after a pattern that writes.
+fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<(f64, Served)> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -366,5 +394,13 @@ fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<f64> {
     if let Some(advice) = advice(&a.hint)? {
         m.advise(m.addr(), len, advice)?;
     }
-    Ok(drive(m.addr(), len, &a.pattern, a.threads, a.ops, a.secs))
+    let ops = drive(m.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
+    let flush_ms = flush_ms(&a.pattern, || Ok(m.sync()?))?;
+    Ok((
+        ops,
+        Served {
+            flush_ms,
+            ..Served::default()
+        },
+    ))
 }

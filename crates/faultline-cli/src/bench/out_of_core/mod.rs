@@ -221,7 +221,7 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         "vs_kernel": vs, "vs_kernel_best": vs_best,
         "fault_p50_us": c["fault_p50_us"], "fault_p99_us": c["fault_p99_us"],
         "lock_contended_pct": c["lock_contended_pct"], "lock_wait_ms": c["lock_wait_ms"],
-        "spare_serves": c["spare_serves"]}),
+        "spare_serves": c["spare_serves"], "flush_ms": c["flush_ms"]}),
     );
     // Fault-lock acquisitions that found the lock held, and the time all
     // waited (faultline rows).
@@ -242,6 +242,9 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         format!("{vs:.2}x"),
         format!("{vs_best:.2}x"),
         locks,
+        c["flush_ms"]
+            .as_f64()
+            .map_or_else(|| "-".into(), |ms| format!("{ms:.0}")),
     ]);
 }
 
@@ -266,6 +269,7 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
         format!("qd {}", d.queue_depth),
         format!("{:.0}", d.pages_per_s),
         format!("{:.0}", d.mib_per_s),
+        "-".into(),
         "-".into(),
         "-".into(),
         "-".into(),
@@ -367,6 +371,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
             "vs_kernel",
             "vs_kernel_best",
             "lock_waits",
+            "flush_ms",
         ],
     );
     report.config = json!({"file_bytes": s.len, "memory_limit_bytes": s.limit,
@@ -413,7 +418,10 @@ fn notes(s: &Setup, report: &mut Report) {
          kernel rows: mmap(MAP_SHARED) of the file with no hint, and with the hint a user who knows the pattern \
          gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
          kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern. lock_waits: faultline's \
-         fault-lock acquisitions that found the lock held, and the time all waited for them."
+         fault-lock acquisitions that found the lock held, and the time all waited for them. \
+         flush_ms (write rows): after the timed ops, the time until every page they dirtied was on the disk \
+         (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
+         not in ops_per_s."
             .into(),
     );
     if !report.rows.iter().any(|r| r["system"] == "device") {
