@@ -91,9 +91,22 @@ impl<'a> LockedPages<'a> {
         self.pending.iter().any(|p| p.lock == Some(idx))
     }
 
-    /// The batch's pages, leaving it empty; their locks are held until the
-    /// entries are dropped.
-    pub(super) fn take(&mut self) -> Vec<Pending<'a>> {
-        std::mem::take(&mut self.pending)
+    /// Empties the batch region by region: `each` gets one region's pages,
+    /// ascending (what `Store::write_pages` takes), and returns the pages
+    /// it freed; their sum is returned. Every lock is held until all the
+    /// regions are done (a page of one region may be under the lock a page
+    /// of another holds).
+    pub(super) fn by_region(
+        &mut self,
+        mut each: impl FnMut(&'a RegionInner, &[Pending<'a>]) -> usize,
+    ) -> usize {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.sort_by_key(|p| (p.region.id, p.page));
+        let freed = pending
+            .chunk_by(|a, b| std::ptr::eq(a.region, b.region))
+            .map(|group| each(group[0].region, group))
+            .sum();
+        drop(pending);
+        freed
     }
 }

@@ -69,25 +69,10 @@ pub(super) fn drop_all(
     core: &Core,
     evicted: &mut Vec<Frame>,
 ) -> usize {
-    let pending = batch.take();
-    let mut freed = 0;
-    let mut done = vec![false; pending.len()];
-    for i in 0..pending.len() {
-        if done[i] {
-            continue;
-        }
-        // One call per region (a batch usually holds one).
-        let region = pending[i].region;
-        let mine: Vec<&Pending<'_>> = (i..pending.len())
-            .filter(|&j| std::ptr::eq(pending[j].region, region))
-            .inspect(|&j| done[j] = true)
-            .map(|j| &pending[j])
-            .collect();
-        freed += drop_region_pages(core, region, &mine, evicted);
-    }
-    drop(pending);
-    freed
+    // One call per region (a batch usually holds one).
+    batch.by_region(|region, pages| drop_region_pages(core, region, pages, evicted))
 }
+
 /// Whether pending `p` is still what it was when batched: resident in its
 /// frame, protected, its region live there. Its lock has been held since,
 /// but the hand's own thread may have changed it meanwhile (a park of a
@@ -108,7 +93,7 @@ fn still_protected(region: &RegionInner, p: &Pending<'_>, live: &[(usize, usize)
 fn drop_region_pages(
     core: &Core,
     region: &RegionInner,
-    pages: &[&Pending<'_>],
+    pages: &[Pending<'_>],
     evicted: &mut Vec<Frame>,
 ) -> usize {
     if region.dying() {
@@ -117,7 +102,6 @@ fn drop_region_pages(
     let live = region.map.live_ranges();
     let pages: Vec<&Pending<'_>> = pages
         .iter()
-        .copied()
         .filter(|p| still_protected(region, p, &live))
         .collect();
     if pages.is_empty() {

@@ -59,22 +59,16 @@ pub(super) fn evict_all(
     core: &Core,
     evicted: &mut Vec<Frame>,
 ) -> usize {
-    let mut pending = batch.take();
-    // By region, ascending pages: what `Store::write_pages` takes.
-    pending.sort_by_key(|p| (p.region.id, p.page));
-    let freed = pending
-        .chunk_by(|a, b| std::ptr::eq(a.region, b.region))
-        .map(|group| evict_region_pages(core, group, evicted))
-        .sum();
-    drop(pending);
-    freed
+    batch.by_region(|region, pages| evict_region_pages(core, region, pages, evicted))
 }
 
 /// Evicts `pages`, all of one region (see [`evict_all`]).
-fn evict_region_pages(core: &Core, pages: &[Pending<'_>], evicted: &mut Vec<Frame>) -> usize {
-    let Some(region) = pages.first().map(|p| p.region) else {
-        return 0;
-    };
+fn evict_region_pages(
+    core: &Core,
+    region: &RegionInner,
+    pages: &[Pending<'_>],
+    evicted: &mut Vec<Frame>,
+) -> usize {
     if region.dying() {
         return 0;
     }
