@@ -209,27 +209,59 @@ pub(crate) enum TryPark {
 /// and the next fault gathers it ([`recollect`]). The caller holds the
 /// page's lock.
 pub(crate) fn unpark(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
+    unpark_run(core, r, page, f, 1)
+}
+
+/// [`unpark`] for the `n` parked pages from `page`, in consecutive frames
+/// from `f` (4 KiB pages when `n > 1`): one move for the run — one TLB
+/// flush where unparking each costs a copy or a move a page. A run short
+/// enough to go in by copy under the copy fill models ([`super::by_copy`],
+/// as a fault's unit that short does) is unparked page by page: every page
+/// is tried, and the first error returned. The caller holds every page's
+/// lock.
+pub(crate) fn unpark_run(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    f: u32,
+    n: usize,
+) -> Result<(), FaultError> {
+    debug_assert!(
+        n == 1 || r.page_size.order() == 0,
+        "runs are of 4 KiB pages"
+    );
     let addr = r.page_addr(page);
-    let len = r.page_size.bytes();
+    let len = n * r.page_size.bytes();
+    if n > 1 && super::by_copy(core, r, len) {
+        let mut first = Ok(());
+        for i in 0..n {
+            let one = unpark_run(core, r, page + i, f + i as u32, 1);
+            first = first.and(one);
+        }
+        return first;
+    }
     let frame = Frame::from_parts(f, r.page_size.order());
     drop_empty_page_table(core, r, addr, len);
-    r.set_state(page, PageState::Resident(f));
-    // SAFETY: a parked page's frame is whole in its slot and the page is a
-    // hole, under the page's lock; nothing references either.
+    let set = |state: fn(u32) -> PageState| {
+        (0..n).for_each(|i| r.set_state(page + i, state(f + i as u32)));
+    };
+    set(PageState::Resident);
+    // SAFETY: parked pages' frames are whole in their slots and the pages
+    // are holes, under the pages' locks; nothing references either.
     let put = unsafe {
         if super::by_copy(core, r, len) {
             // Unprotected: a parked page's bytes may differ from the
             // store's (only its hash at eviction tells).
             super::copy_in(core, addr, &frame, len, false).map(|_| ())
         } else {
-            move_in(core, addr, core.pool.addr_of(&frame), len)
+            move_in(core, addr, core.pool.slot_addr(f), len)
         }
     };
     match put {
         Ok(()) => Ok(()),
         Err(e) => {
             if !matches!(e, MoveError::Split { .. }) {
-                r.set_state(page, PageState::Parked(f));
+                set(PageState::Parked);
             }
             Err(FaultError::Move {
                 addr,

@@ -21,7 +21,7 @@
 //! - `write` returns only after the server acknowledged the `MSET` and, if
 //!   [`RedisOptions::replicas`] > 0, after `WAIT` saw that many replicas
 //!   take it; until then the page stays dirty in its frame (write-back
-//!   keeps a page whose write fails, `writeback.rs`), so a frame is reused
+//!   keeps a page whose write fails, `writeback/`), so a frame is reused
 //!   only for acknowledged data. `flush` is durable in that sense.
 //! - A server whose `maxmemory-policy` is an `allkeys-*` policy may evict
 //!   pages: connecting refuses it ([`StoreError::Refused`]).

@@ -1,19 +1,19 @@
-//! Write-back: the one place page bytes go to a region's store. A page is
-//! written only when dirty — its bytes differ from the store's copy, by
-//! fingerprint ([`crate::dirty`]) — and only from its frame while parked
-//! (out of the region, under its fault lock), so the store gets the page as
-//! it was at one instant. Reclaim writes evicted pages through [`put`];
-//! flush, close and teardown write whole regions through [`write_back`]
-//! (`Region::write_back` a range of one).
+//! A region's write-back (`Region::flush`, `close`, `write_back` of a
+//! range, and the drop's): every dirty page of a range goes to the store,
+//! in batches of up to [`FLUSH_BATCH_PAGES`], each page taken out of the
+//! region (parked; a run of consecutive frames with one move) with its
+//! fault lock held until its batch is written, then moved back in.
 //!
-//! Invariant: a page whose write fails keeps its data (in the region, or
-//! parked in its frame) and stays dirty; a later write-back retries it.
+//! Invariant: a page is written only from its frame while parked under its
+//! lock, so the store gets it as it was at one instant; a page whose write
+//! fails stays dirty (in the region, or parked) and is named in the error.
 //!
-//! Locks: the fault locks of a batch of up to [`FLUSH_BATCH_PAGES`] pages
-//! ([`write_back`]), only tried while others are held, waited for (bounded
-//! with `limit` at teardown, so a worker stuck in a store call cannot hang
-//! a drop) only with none held.
+//! Locks: the fault locks of one batch, only tried while others are held,
+//! waited for (bounded with `limit` at teardown, so a worker stuck in a
+//! store call cannot hang a drop) only with none held.
 
+use super::{put, put_pages};
+use crate::config::PageSize;
 use crate::core::Core;
 use crate::error::FaultError;
 use crate::frame::Frame;
@@ -21,8 +21,7 @@ use crate::locks::FaultGuard;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
 use crate::store::StoreError;
-use faultline_sys::SysError;
-use std::sync::atomic::Ordering;
+use faultline_sys::{SysError, PAGE_SIZE};
 
 /// Pages one write-back call of [`write_back`] takes at most: 1 MiB of 4
 /// KiB pages, one vectored write to a file when they are consecutive (the
@@ -41,9 +40,9 @@ struct Taken<'a> {
     resident: bool,
     /// The index of its fault lock.
     lock: usize,
-    /// Its fault lock (`None`: an earlier entry's guard holds the same
-    /// lock).
-    _guard: Option<FaultGuard<'a>>,
+    /// Fault locks: its own (none if an earlier entry's guard holds the
+    /// same lock), and for a run's first page those of the run's others.
+    _guards: Vec<FaultGuard<'a>>,
 }
 
 /// Writes every dirty page of `pages` of `r` back. A resident page is written from
@@ -64,8 +63,10 @@ struct Taken<'a> {
 /// page out of its region with its lock held until its batch is written.
 /// Written one by one, a region's 47,000 dirty pages took 3.0 s to write
 /// back on the project's virtual disk, which takes 1 MiB writes at 2.8
-/// GB/s; in batches 0.18 s (docs/measurements.md §23). Locks: a page's lock is only tried while the batch holds others;
-/// one that is held is waited for only after the batch is written and its
+/// GB/s; in batches 0.18 s (docs/measurements.md §23).
+///
+/// Locks: a page's lock is only tried while the batch holds others; one
+/// that is held is waited for only after the batch is written and its
 /// locks let go — the fault path and reclaim wait for a lock holding none
 /// (and migration takes its locks in ascending order), so waiting while
 /// holding none cannot close a cycle.
@@ -79,56 +80,158 @@ pub(crate) fn write_back(
     let mut first_err = None;
     let cap = (FLUSH_BATCH_BYTES / r.page_size.bytes()).clamp(1, FLUSH_BATCH_PAGES);
     let mut batch: Vec<Taken<'_>> = Vec::with_capacity(cap);
+    // Pages below this were parked with an earlier page's run.
+    let mut past_run = 0;
     for page in r.used_pages(pages) {
-        if matches!(
-            r.state(page),
-            PageState::Absent | PageState::Poisoned | PageState::Gone
-        ) {
+        if page < past_run
+            || matches!(
+                r.state(page),
+                PageState::Absent | PageState::Poisoned | PageState::Gone
+            )
+        {
             continue;
         }
-        let (domain, key) = r.lock_key(page);
-        let lock = core.locks.index(domain, key);
-        let guard = if batch.iter().any(|t| t.lock == lock) {
-            None
-        } else if let Some(g) = core.locks.try_lock(domain, key) {
-            Some(g)
-        } else {
-            // Held elsewhere: wait for it holding no other (see above).
-            put_batch(core, r, &mut batch, &mut first_err);
-            let waited = match limit {
-                None => Some(core.locks.lock(domain, key)),
-                Some(limit) => core.locks.lock_within(domain, key, limit),
-            };
-            if waited.is_none() {
-                first_err.get_or_insert(StoreError::Unreadable {
-                    page: page as u64,
-                    source: SysError {
-                        op: "fault lock",
-                        addr: r.page_addr(page),
-                        len: r.page_size.bytes(),
-                        errno: libc::ETIMEDOUT,
-                    },
-                });
-                continue;
-            }
-            waited
-        };
-        let Some((frame, resident)) = park_for_write(core, r, page, on_held, &mut first_err) else {
+        let Some((lock, guard)) = lock_for_write(core, r, page, limit, &mut batch, &mut first_err)
+        else {
             continue;
         };
-        batch.push(Taken {
-            page,
-            frame,
-            resident,
-            lock,
-            _guard: guard,
-        });
+        let mut guards: Vec<FaultGuard<'_>> = guard.into_iter().collect();
+        if let Some(run) = park_run(core, r, page, lock, cap - batch.len(), &batch) {
+            guards.extend(run.guards);
+            past_run = page + run.locks.len();
+            for (i, lock) in run.locks.into_iter().enumerate() {
+                batch.push(Taken {
+                    page: page + i,
+                    frame: run.frame + i as u32,
+                    resident: true,
+                    lock,
+                    _guards: std::mem::take(&mut guards),
+                });
+            }
+        } else if let Some((frame, resident)) =
+            park_for_write(core, r, page, on_held, &mut first_err)
+        {
+            batch.push(Taken {
+                page,
+                frame,
+                resident,
+                lock,
+                _guards: guards,
+            });
+        }
         if batch.len() >= cap {
             put_batch(core, r, &mut batch, &mut first_err);
         }
     }
     put_batch(core, r, &mut batch, &mut first_err);
     first_err.map_or(Ok(()), Err)
+}
+
+/// Takes the fault lock of `page` for [`write_back`]: its index, and the
+/// guard (`None`: an entry of `batch` holds the same lock). A lock held
+/// elsewhere is waited for only after `batch` is written and its locks let
+/// go (see [`write_back`]); `None` if it stayed held past `limit` (the
+/// error goes to `first_err`).
+fn lock_for_write<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    page: usize,
+    limit: Option<std::time::Duration>,
+    batch: &mut Vec<Taken<'a>>,
+    first_err: &mut Option<StoreError>,
+) -> Option<(usize, Option<FaultGuard<'a>>)> {
+    let (domain, key) = r.lock_key(page);
+    let lock = core.locks.index(domain, key);
+    if batch.iter().any(|t| t.lock == lock) {
+        return Some((lock, None));
+    }
+    if let Some(g) = core.locks.try_lock(domain, key) {
+        return Some((lock, Some(g)));
+    }
+    put_batch(core, r, batch, first_err);
+    let waited = match limit {
+        None => Some(core.locks.lock(domain, key)),
+        Some(limit) => core.locks.lock_within(domain, key, limit),
+    };
+    if waited.is_none() {
+        first_err.get_or_insert(StoreError::Unreadable {
+            page: page as u64,
+            source: SysError {
+                op: "fault lock",
+                addr: r.page_addr(page),
+                len: r.page_size.bytes(),
+                errno: libc::ETIMEDOUT,
+            },
+        });
+    }
+    waited.map(|g| (lock, Some(g)))
+}
+
+/// A run of resident pages parked together for [`write_back`].
+struct ParkedRun<'a> {
+    /// The first page's frame; page `i` of the run is in frame `frame + i`.
+    frame: u32,
+    /// Each page's fault-lock index.
+    locks: Vec<usize>,
+    /// The locks the run took for its pages after the first.
+    guards: Vec<FaultGuard<'a>>,
+}
+
+/// Parks the run of resident 4 KiB pages from `page` (its lock `lock`
+/// held) whose frames follow its own — a read-ahead run — with one move:
+/// one TLB flush for up to `room` pages where parking each flushes once a
+/// page, as reclaim parks runs (`reclaim/runs.rs`). The other pages' locks
+/// are only tried (those `batch` holds are its). `None`: no run of two, or
+/// the move failed (the page goes alone: [`park_for_write`] gathers
+/// whatever a failed move left where).
+fn park_run<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    page: usize,
+    lock: usize,
+    room: usize,
+    batch: &[Taken<'a>],
+) -> Option<ParkedRun<'a>> {
+    let PageState::Resident(frame) = r.state(page) else {
+        return None;
+    };
+    if r.page_size != PageSize::Base4K || room < 2 || r.dying() {
+        return None;
+    }
+    let pool = core.alloc.pool_of(frame);
+    let mut held: Vec<usize> = batch.iter().map(|t| t.lock).chain([lock]).collect();
+    let mut guards = Vec::new();
+    let n = r.lock_run(&core.locks, page, room, &mut held, &mut guards, |p| {
+        let f = frame + (p - page) as u32;
+        r.state(p) == PageState::Resident(f)
+            && core.alloc.pool_of(f) == pool
+            && !r.pins.contains(p)
+            && !r.held.contains(p)
+    });
+    if n < 2 {
+        return None;
+    }
+    let (slot, addr) = (core.pool.slot_addr(frame), r.page_addr(page));
+    let (holes, brief) = (pagemove::Holes::Forbid, pagemove::Patience::Brief);
+    // SAFETY: the pages are resident in consecutive frames under their
+    // locks (held: checked again under each), their frames' slots are the
+    // holes they left, and faultline holds no reference into either range.
+    let moved = unsafe { pagemove::move_back(core, slot, addr, n * PAGE_SIZE, holes, brief) };
+    if moved.is_err() {
+        return None;
+    }
+    let locks = (page..page + n)
+        .map(|p| {
+            r.set_state(p, PageState::Parked(frame + (p - page) as u32));
+            let (domain, key) = r.lock_key(p);
+            core.locks.index(domain, key)
+        })
+        .collect();
+    Some(ParkedRun {
+        frame,
+        locks,
+        guards,
+    })
 }
 
 /// Takes `page` out of its region for [`write_back`], its lock held:
@@ -204,9 +307,17 @@ fn put_batch(
             }
         }
     }
-    for (t, _) in frames.iter().filter(|(t, _)| t.resident) {
-        if let Err(e) = pagemove::unpark(core, r, t.page, t.frame) {
-            // Its data stays safe in its frame (parked); the next touch
+    // The resident ones back in, runs of consecutive pages in consecutive
+    // frames with one move each.
+    let back: Vec<(usize, u32)> = frames
+        .iter()
+        .filter(|(t, _)| t.resident)
+        .map(|(t, _)| (t.page, t.frame))
+        .collect();
+    let base = r.page_size == PageSize::Base4K;
+    for run in back.chunk_by(|a, b| base && b.0 == a.0 + 1 && b.1 == a.1 + 1) {
+        if let Err(e) = pagemove::unpark_run(core, r, run[0].0, run[0].1, run.len()) {
+            // Its data stays safe in its frames (parked); the next touch
             // moves it back in.
             core.record(e);
         }
@@ -290,90 +401,6 @@ fn put_held(
     let mut buf = vec![0u8; len];
     copy(addr, &mut buf);
     put(core, r, page, &buf)
-}
-
-/// Writes `bytes`, the content of `page`, to the store unless they are
-/// the store's already ([`crate::dirty`]); on success the page is clean.
-/// Caller holds the page's lock and `bytes` cannot change meanwhile (a
-/// parked frame).
-pub(crate) fn put(
-    core: &Core,
-    r: &RegionInner,
-    page: usize,
-    bytes: &[u8],
-) -> Result<(), StoreError> {
-    put_run(core, r, page, &[bytes])
-}
-
-/// [`put`] for the consecutive pages from `first` (`bytes[i]` is page
-/// `first + i`'s content), their locks held: see [`put_pages`].
-pub(crate) fn put_run(
-    core: &Core,
-    r: &RegionInner,
-    first: usize,
-    bytes: &[&[u8]],
-) -> Result<(), StoreError> {
-    let pages: Vec<(usize, &[u8])> = bytes
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (first + i, b))
-        .collect();
-    put_pages(core, r, &pages)
-}
-
-/// [`put`] for `pages` of `r` (each page and its content, ascending, not
-/// necessarily consecutive: a run, or a batch of scattered victims), their
-/// locks held: the dirty ones go to the store in one call
-/// ([`crate::store::Store::write_pages`]: one round trip to a remote
-/// store, all in flight at once to a file). On success all are clean; on
-/// an error none is marked clean, so all are written again later.
-pub(crate) fn put_pages(
-    core: &Core,
-    r: &RegionInner,
-    pages: &[(usize, &[u8])],
-) -> Result<(), StoreError> {
-    let stats = &core.stats;
-    let fps: Vec<u128> = pages
-        .iter()
-        .map(|&(_, b)| crate::dirty::fingerprint(b))
-        .collect();
-    let dirty: Vec<(u64, &[u8])> = pages
-        .iter()
-        .zip(&fps)
-        .filter(|&(&(page, _), &fp)| r.fingerprint(page) != Some(fp))
-        .map(|(&(page, b), _)| (page as u64, b))
-        .collect();
-    let clean = (pages.len() - dirty.len()) as u64;
-    stats.clean_skipped.fetch_add(clean, Ordering::Relaxed);
-    if !dirty.is_empty() {
-        // The store may touch another region (`nesting.rs`): lent for
-        // every page but these.
-        let _lend = core
-            .nesting
-            .lend_runs(r.id, runs_of(pages.iter().map(|&(p, _)| p)));
-        let t0 = std::time::Instant::now();
-        r.store.write_pages(&dirty)?;
-        stats.store_writes.record(t0.elapsed().as_nanos() as u64);
-    }
-    for (&(page, _), &fp) in pages.iter().zip(&fps) {
-        r.set_fingerprint(page, fp);
-    }
-    stats
-        .written_back
-        .fetch_add(dirty.len() as u64, Ordering::Relaxed);
-    Ok(())
-}
-
-/// The runs of consecutive pages of an ascending sequence.
-fn runs_of(pages: impl Iterator<Item = usize>) -> Vec<std::ops::Range<usize>> {
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for p in pages {
-        match runs.last_mut() {
-            Some(run) if run.end == p => run.end += 1,
-            _ => runs.push(p..p + 1),
-        }
-    }
-    runs
 }
 
 /// The write-back error for `page`, which could not be taken out of the

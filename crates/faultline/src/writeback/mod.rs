@@ -1,0 +1,107 @@
+//! Write-back: the one place page bytes go to a region's store. A page is
+//! written only when dirty — its bytes differ from the store's copy, by
+//! fingerprint ([`crate::dirty`]) — and only from its frame while parked
+//! (out of the region, under its fault lock), so the store gets the page as
+//! it was at one instant. Reclaim writes evicted pages through [`put`],
+//! [`put_run`] and [`put_pages`] (this file); flush, close and teardown
+//! write whole regions through [`write_back`] (`flush.rs`;
+//! `Region::write_back` a range of one).
+//!
+//! Invariant: a page whose write fails keeps its data (in the region, or
+//! parked in its frame) and stays dirty; a later write-back retries it.
+//!
+//! Locks: none of its own; the callers of [`put`] and its kin hold the
+//! pages' fault locks (`flush.rs` says how it takes them).
+
+use crate::core::Core;
+use crate::region::RegionInner;
+use crate::store::StoreError;
+use std::sync::atomic::Ordering;
+
+mod flush;
+
+pub(crate) use flush::{write_back, OnHeld};
+
+/// Writes `bytes`, the content of `page`, to the store unless they are
+/// the store's already ([`crate::dirty`]); on success the page is clean.
+/// Caller holds the page's lock and `bytes` cannot change meanwhile (a
+/// parked frame).
+pub(crate) fn put(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    put_run(core, r, page, &[bytes])
+}
+
+/// [`put`] for the consecutive pages from `first` (`bytes[i]` is page
+/// `first + i`'s content), their locks held: see [`put_pages`].
+pub(crate) fn put_run(
+    core: &Core,
+    r: &RegionInner,
+    first: usize,
+    bytes: &[&[u8]],
+) -> Result<(), StoreError> {
+    let pages: Vec<(usize, &[u8])> = bytes
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (first + i, b))
+        .collect();
+    put_pages(core, r, &pages)
+}
+
+/// [`put`] for `pages` of `r` (each page and its content, ascending, not
+/// necessarily consecutive: a run, or a batch of scattered victims), their
+/// locks held: the dirty ones go to the store in one call
+/// ([`crate::store::Store::write_pages`]: one round trip to a remote
+/// store, all in flight at once to a file). On success all are clean; on
+/// an error none is marked clean, so all are written again later.
+pub(crate) fn put_pages(
+    core: &Core,
+    r: &RegionInner,
+    pages: &[(usize, &[u8])],
+) -> Result<(), StoreError> {
+    let stats = &core.stats;
+    let fps: Vec<u128> = pages
+        .iter()
+        .map(|&(_, b)| crate::dirty::fingerprint(b))
+        .collect();
+    let dirty: Vec<(u64, &[u8])> = pages
+        .iter()
+        .zip(&fps)
+        .filter(|&(&(page, _), &fp)| r.fingerprint(page) != Some(fp))
+        .map(|(&(page, b), _)| (page as u64, b))
+        .collect();
+    let clean = (pages.len() - dirty.len()) as u64;
+    stats.clean_skipped.fetch_add(clean, Ordering::Relaxed);
+    if !dirty.is_empty() {
+        // The store may touch another region (`nesting.rs`): lent for
+        // every page but these.
+        let _lend = core
+            .nesting
+            .lend_runs(r.id, runs_of(pages.iter().map(|&(p, _)| p)));
+        let t0 = std::time::Instant::now();
+        r.store.write_pages(&dirty)?;
+        stats.store_writes.record(t0.elapsed().as_nanos() as u64);
+    }
+    for (&(page, _), &fp) in pages.iter().zip(&fps) {
+        r.set_fingerprint(page, fp);
+    }
+    stats
+        .written_back
+        .fetch_add(dirty.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The runs of consecutive pages of an ascending sequence.
+fn runs_of(pages: impl Iterator<Item = usize>) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for p in pages {
+        match runs.last_mut() {
+            Some(run) if run.end == p => run.end += 1,
+            _ => runs.push(p..p + 1),
+        }
+    }
+    runs
+}
