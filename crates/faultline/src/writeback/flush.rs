@@ -45,17 +45,18 @@ struct Taken<'a> {
     _guards: Vec<FaultGuard<'a>>,
 }
 
-/// Writes every dirty page of `pages` of `r` back. A resident page is written from
-/// its frame: parked first (moved out of the region, so no thread can write
-/// it during the copy: the store gets the page as it was at one instant,
-/// never a torn mix), written, and moved back in. This also reaches pages
-/// the kernel swapped out (the move takes the swap entry) and pages the
-/// program made unreadable (`mprotect`): those cannot be moved and are
-/// reported ([`StoreError::Protected`]), not faulted on. A page shared with another process is not
-/// waited for: `on_held` reports it or writes it from the region. A page
-/// that fails stays dirty; the others are still written, and the first
-/// error is returned. With `limit`, a page whose lock stays held longer (a
-/// worker stuck in the store) is skipped and reported.
+/// Writes every dirty page of `pages` of `r` back. A resident page is
+/// written from its frame: parked first (moved out of the region, so no
+/// thread can write it during the copy: the store gets the page as it was
+/// at one instant, never a torn mix), written, and moved back in. This
+/// also reaches pages the kernel swapped out (the move takes the swap
+/// entry) and pages the program made unreadable (`mprotect`): those cannot
+/// be moved and are reported ([`StoreError::Protected`]), not faulted on.
+/// A page shared with another process is not waited for: `on_held`
+/// reports it or writes it from the region. A page that fails stays dirty;
+/// the others are still written, and the first error is returned. With
+/// `limit`, a page whose lock stays held longer (a worker stuck in the
+/// store) is skipped and reported.
 ///
 /// Pages go to the store in batches (up to [`FLUSH_BATCH_PAGES`], one
 /// `write_pages` call each: for a file, runs of consecutive pages as one
