@@ -9,7 +9,7 @@
 //! Invariant: no frame is freed or refilled while any of its data is
 //! elsewhere, nor freed with a hole in its slot; a page is recorded parked
 //! only once its data is whole in its slot. Locks: none; callers hold the
-//! page's fault lock.
+//! page's fault lock (a run's other locks [`park_run`] only tries).
 
 use super::{move_back, move_in, move_out, move_range, while_changing, Holes, MoveError, Patience};
 use crate::core::Core;
@@ -155,6 +155,66 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<
     }
     r.set_state(page, PageState::Parked(f));
     Ok(())
+}
+
+/// Parks the run of resident 4 KiB pages from `page` whose frames follow
+/// its own in the same pool (a read-ahead or fault-around run) with one
+/// move: one TLB flush for the run where parking each flushes once a page
+/// (on this VM a flush that reaches another CPU costs an IPI, ~25 µs). At
+/// most `max` pages; `page`'s lock is held (its index in `held`), the
+/// others' are only tried (`RegionInner::lock_run`: each page checked again
+/// under its lock; the locks taken go to `guards`, their indices to
+/// `held`). Pinned pages and pages the kernel holds end the run. Returns
+/// the pages parked: 0 if there is no run of two, or the move failed
+/// (nothing moved, or the run was left split: the caller takes the page
+/// alone, which gathers whatever is where).
+pub(crate) fn park_run<'a>(
+    core: &'a Core,
+    r: &RegionInner,
+    page: usize,
+    max: usize,
+    held: &mut Vec<usize>,
+    guards: &mut Vec<crate::locks::FaultGuard<'a>>,
+) -> usize {
+    if r.page_size != crate::config::PageSize::Base4K || r.dying() {
+        return 0;
+    }
+    let PageState::Resident(f) = r.state(page) else {
+        return 0;
+    };
+    let pool = core.alloc.pool_of(f);
+    let n = r.lock_run(&core.locks, page, max, held, guards, |p| {
+        let fp = f + (p - page) as u32;
+        r.state(p) == PageState::Resident(fp)
+            && core.alloc.pool_of(fp) == pool
+            && !r.pins.contains(p)
+            && !r.held.contains(p)
+    });
+    if n < 2 {
+        return 0;
+    }
+    let (slot, addr) = (core.pool.slot_addr(f), r.page_addr(page));
+    // SAFETY: the pages are resident in consecutive frames under their
+    // locks (held, each checked under its own), their frames' slots are
+    // the holes they left, and faultline holds no reference into either
+    // range.
+    let moved = unsafe {
+        move_back(
+            core,
+            slot,
+            addr,
+            n * PAGE_SIZE,
+            Holes::Forbid,
+            Patience::Brief,
+        )
+    };
+    if moved.is_err() {
+        return 0;
+    }
+    for i in 0..n {
+        r.set_state(page + i, PageState::Parked(f + i as u32));
+    }
+    n
 }
 
 /// [`park`] that leaves a page the kernel will not move out where it is,

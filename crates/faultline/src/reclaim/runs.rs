@@ -20,7 +20,6 @@ use crate::frame::Frame;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
 use crate::writeback;
-use faultline_sys::PAGE_SIZE;
 use std::sync::atomic::Ordering;
 
 /// The run from `page`, if any: resident pages are parked together
@@ -58,52 +57,20 @@ fn lock_from<'a>(
     (n, guards)
 }
 
-/// Parks the run of resident 4 KiB pages from `page` whose frames are
-/// consecutive (a read-ahead or fault-around run) with one `UFFDIO_MOVE`:
-/// one TLB flush for the run instead of one per page — on this VM a flush
-/// that reaches another CPU costs an IPI (~25 µs). The caller holds lock
-/// `idx` (of `page`) or has it as `held`; the other pages' locks are only
-/// tried. Returns the pages the hand passed (0: not a run, step the page
-/// alone).
+/// Parks the run of resident 4 KiB pages of pool 0 from `page` whose
+/// frames are consecutive (a read-ahead or fault-around run) with one move
+/// ([`pagemove::park_run`]). The caller holds lock `idx` (of `page`) or has
+/// it as `held`; the other pages' locks are only tried, and let go once
+/// the run is parked. Returns the pages the hand passed (0: not a run,
+/// step the page alone).
 fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<usize>) -> usize {
-    if r.page_size != PageSize::Base4K || r.dying() {
+    if !matches!(r.state(page), PageState::Resident(f) if core.alloc.pool_of(f) == 0) {
         return 0;
     }
-    let PageState::Resident(f) = r.state(page) else {
-        return 0;
-    };
-    if core.alloc.pool_of(f) != 0 {
-        return 0;
-    }
-    let (n, _guards) = lock_from(core, r, page, idx, held, |p| {
-        let fp = f + (p - page) as u32;
-        r.state(p) == PageState::Resident(fp)
-            && core.alloc.pool_of(fp) == 0
-            && !r.pins.contains(p)
-            && !r.held.contains(p)
-    });
-    if n < 2 {
-        return 0;
-    }
-    let slot = core.pool.slot_addr(f);
-    let addr = r.page_addr(page);
-    let (holes, brief) = (pagemove::Holes::Forbid, pagemove::Patience::Brief);
-    // SAFETY: the pages are resident under their locks (held), their frames'
-    // slots are the holes they left, and faultline holds no reference into
-    // either range.
-    let moved = unsafe { pagemove::move_back(core, slot, addr, n * PAGE_SIZE, holes, brief) };
-    if moved.is_err() {
-        // Nothing moved (or the run is left split): step the pages one by
-        // one, which gathers whatever is where and notes any the kernel
-        // holds.
-        return 0;
-    }
-    for i in 0..n {
-        r.set_state(page + i, PageState::Parked(f + i as u32));
-    }
-    core.stats
-        .parked
-        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    let mut mine: Vec<usize> = std::iter::once(idx).chain(held).collect();
+    let mut guards = Vec::new();
+    let n = pagemove::park_run(core, r, page, RUN_MAX, &mut mine, &mut guards);
+    core.stats.parked.fetch_add(n as u64, Ordering::Relaxed);
     n
 }
 

@@ -21,7 +21,7 @@ use crate::locks::FaultGuard;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
 use crate::store::StoreError;
-use faultline_sys::{SysError, PAGE_SIZE};
+use faultline_sys::SysError;
 
 /// Pages one write-back call of [`write_back`] takes at most: 1 MiB of 4
 /// KiB pages, one vectored write to a file when they are consecutive (the
@@ -178,12 +178,11 @@ struct ParkedRun<'a> {
     guards: Vec<FaultGuard<'a>>,
 }
 
-/// Parks the run of resident 4 KiB pages from `page` (its lock `lock`
-/// held) whose frames follow its own — a read-ahead run — with one move:
-/// one TLB flush for up to `room` pages where parking each flushes once a
-/// page, as reclaim parks runs (`reclaim/runs.rs`). The other pages' locks
-/// are only tried (those `batch` holds are its). `None`: no run of two, or
-/// the move failed (the page goes alone: [`park_for_write`] gathers
+/// Parks the run of resident pages from `page` (its lock `lock` held) in
+/// consecutive frames — a read-ahead run — with one move, as reclaim parks
+/// runs ([`pagemove::park_run`]; up to `room` pages, the other pages' locks
+/// only tried, those `batch` holds being its own). `None`: no run of two,
+/// or the move failed (the page goes alone: [`park_for_write`] gathers
 /// whatever a failed move left where).
 fn park_run<'a>(
     core: &'a Core,
@@ -196,34 +195,14 @@ fn park_run<'a>(
     let PageState::Resident(frame) = r.state(page) else {
         return None;
     };
-    if r.page_size != PageSize::Base4K || room < 2 || r.dying() {
-        return None;
-    }
-    let pool = core.alloc.pool_of(frame);
     let mut held: Vec<usize> = batch.iter().map(|t| t.lock).chain([lock]).collect();
     let mut guards = Vec::new();
-    let n = r.lock_run(&core.locks, page, room, &mut held, &mut guards, |p| {
-        let f = frame + (p - page) as u32;
-        r.state(p) == PageState::Resident(f)
-            && core.alloc.pool_of(f) == pool
-            && !r.pins.contains(p)
-            && !r.held.contains(p)
-    });
-    if n < 2 {
-        return None;
-    }
-    let (slot, addr) = (core.pool.slot_addr(frame), r.page_addr(page));
-    let (holes, brief) = (pagemove::Holes::Forbid, pagemove::Patience::Brief);
-    // SAFETY: the pages are resident in consecutive frames under their
-    // locks (held: checked again under each), their frames' slots are the
-    // holes they left, and faultline holds no reference into either range.
-    let moved = unsafe { pagemove::move_back(core, slot, addr, n * PAGE_SIZE, holes, brief) };
-    if moved.is_err() {
+    let n = pagemove::park_run(core, r, page, room, &mut held, &mut guards);
+    if n == 0 {
         return None;
     }
     let locks = (page..page + n)
         .map(|p| {
-            r.set_state(p, PageState::Parked(frame + (p - page) as u32));
             let (domain, key) = r.lock_key(p);
             core.locks.index(domain, key)
         })
