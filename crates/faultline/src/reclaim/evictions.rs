@@ -73,39 +73,45 @@ fn evict_region_pages(
         return 0;
     }
     // Still parked in the frame it was batched with (see the module docs).
-    let mut frames: Vec<(usize, Frame)> = pages
+    let parked: Vec<(usize, u32)> = pages
         .iter()
         .filter(|p| region.state(p.page) == PageState::Parked(p.frame))
-        .map(|p| (p.page, Frame::from_parts(p.frame, 0)))
+        .map(|p| (p.page, p.frame))
         .collect();
-    if frames.is_empty() {
+    if parked.is_empty() {
         return 0;
     }
-    let written = {
-        // SAFETY: parked frames belong to their pages, whose locks are
-        // held (in `pages`) and whose state was checked under them just
-        // now: nobody else reads or writes them, and they are populated.
-        // Each `&mut Frame` is distinct, so the slices do not alias.
-        let bytes: Vec<(usize, &[u8])> = frames
-            .iter_mut()
-            .map(|(page, f)| (*page, &*unsafe { core.pool.bytes_mut(f) }))
-            .collect();
-        writeback::put_pages(core, region, &bytes)
-    };
-    if let Err(e) = written {
+    // SAFETY: each page is parked in its frame, checked just now under its
+    // lock, which `pages` holds until the caller drops the batch.
+    if let Err(e) = unsafe { writeback::put_parked(core, region, &parked) } {
         // Keep the data: the pages stay parked, tried again next pass.
         core.record(FaultError::Store {
-            addr: region.page_addr(frames[0].0),
+            addr: region.page_addr(parked[0].0),
             source: e,
         });
         return 0;
     }
-    let n = frames.len();
-    for (page, frame) in frames {
+    free_written(core, region, &parked, evicted)
+}
+
+/// Frees the frames of `parked` (each page and its frame), whose bytes
+/// the store has: each page becomes absent and its frame goes on
+/// `evicted` for the caller to free. Returns pages freed. The caller holds
+/// the pages' locks.
+pub(super) fn free_written(
+    core: &Core,
+    r: &RegionInner,
+    parked: &[(usize, u32)],
+    evicted: &mut Vec<Frame>,
+) -> usize {
+    for &(page, f) in parked {
+        let frame = Frame::from_parts(f, 0);
         core.pool.set_zeroed(&frame, false);
-        region.set_state(page, PageState::Absent);
+        r.set_state(page, PageState::Absent);
         evicted.push(frame);
     }
-    core.stats.evicted.fetch_add(n as u64, Ordering::Relaxed);
-    n
+    core.stats
+        .evicted
+        .fetch_add(parked.len() as u64, Ordering::Relaxed);
+    parked.len()
 }

@@ -76,7 +76,7 @@ fn park_run(core: &Core, r: &RegionInner, page: usize, idx: usize, held: Option<
 
 /// Evicts the run of parked 4 KiB pages of pool 0 from `page` (the next
 /// pass after [`park_run`] parked them): their dirty pages go to the store
-/// in one call (`writeback::put_run`: one round trip to a remote store, a
+/// in one call (`writeback::put_parked`: one round trip to a remote store, a
 /// pipeline of writes), then all leave their frames. Locks as
 /// [`park_run`]. Returns (pages passed, pages freed); passed 0: not a run,
 /// step the page alone. A failed write keeps every page of the run parked.
@@ -100,27 +100,18 @@ fn evict_run(
         return (0, 0);
     }
     // Every page of the run is parked (checked under its lock, held).
-    let frames: Option<Vec<Frame>> = (page..page + n)
+    let parked: Option<Vec<(usize, u32)>> = (page..page + n)
         .map(|p| match r.state(p) {
-            PageState::Parked(f) => Some(Frame::from_parts(f, 0)),
+            PageState::Parked(f) => Some((p, f)),
             _ => None,
         })
         .collect();
-    let Some(mut frames) = frames else {
+    let Some(parked) = parked else {
         return (0, 0);
     };
-    let written = {
-        // SAFETY: parked frames belong to their pages, whose locks we hold
-        // (`lock_run` re-checked each under its lock): nobody else reads or
-        // writes them, and they are populated. Each `&mut Frame` is
-        // distinct, so the slices do not alias.
-        let bytes: Vec<&[u8]> = frames
-            .iter_mut()
-            .map(|f| &*unsafe { core.pool.bytes_mut(f) })
-            .collect();
-        writeback::put_run(core, r, page, &bytes)
-    };
-    if let Err(e) = written {
+    // SAFETY: each page is parked in its frame, checked under its lock
+    // (`lock_run`), which `_guards` (or the caller) holds.
+    if let Err(e) = unsafe { writeback::put_parked(core, r, &parked) } {
         // Keep the data: the pages stay parked, tried again next pass.
         core.record(FaultError::Store {
             addr: r.page_addr(page),
@@ -128,11 +119,5 @@ fn evict_run(
         });
         return (n, 0);
     }
-    for (i, frame) in frames.into_iter().enumerate() {
-        core.pool.set_zeroed(&frame, false);
-        r.set_state(page + i, PageState::Absent);
-        evicted.push(frame);
-    }
-    core.stats.evicted.fetch_add(n as u64, Ordering::Relaxed);
-    (n, n)
+    (n, super::evictions::free_written(core, r, &parked, evicted))
 }

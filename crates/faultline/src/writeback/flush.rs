@@ -12,11 +12,10 @@
 //! waited for (bounded with `limit` at teardown, so a worker stuck in a
 //! store call cannot hang a drop) only with none held.
 
-use super::{put, put_pages};
+use super::{put, put_parked};
 use crate::config::PageSize;
 use crate::core::Core;
 use crate::error::FaultError;
-use crate::frame::Frame;
 use crate::locks::FaultGuard;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
@@ -260,39 +259,35 @@ fn put_batch(
     first_err: &mut Option<StoreError>,
 ) {
     let taken = std::mem::take(batch);
-    let order = r.page_size.order();
-    let mut frames: Vec<(&Taken<'_>, Frame)> = taken
+    let parked: Vec<(usize, u32)> = taken
         .iter()
         .filter(|t| r.state(t.page) == PageState::Parked(t.frame))
-        .map(|t| (t, Frame::from_parts(t.frame, order)))
+        .map(|t| (t.page, t.frame))
         .collect();
-    {
-        // SAFETY: parked frames belong to their pages, whose locks the
-        // batch holds and whose states were checked under them just now:
-        // nobody else reads or writes them, and they are whole in their
-        // slots. Each `&mut Frame` is distinct, so the slices do not alias.
-        let bytes: Vec<(usize, &[u8])> = frames
-            .iter_mut()
-            .map(|(t, f)| (t.page, &*unsafe { core.pool.bytes_mut(f) }))
-            .collect();
-        if let Err(e) = put_pages(core, r, &bytes) {
-            if bytes.len() == 1 {
-                first_err.get_or_insert(e);
-            } else {
-                for &(page, b) in &bytes {
-                    if let Err(e) = put(core, r, page, b) {
-                        first_err.get_or_insert(e);
-                    }
+    // SAFETY: the pages are parked in their frames, checked just now under
+    // their locks, which `taken` holds until the end.
+    if let Err(e) = unsafe { put_parked(core, r, &parked) } {
+        if parked.len() == 1 {
+            first_err.get_or_insert(e);
+        } else {
+            for &(page, frame) in &parked {
+                if r.state(page) != PageState::Parked(frame) {
+                    continue;
+                }
+                // SAFETY: parked in its frame, checked just now under its
+                // lock, which `taken` holds.
+                if let Err(e) = unsafe { put_parked(core, r, &[(page, frame)]) } {
+                    first_err.get_or_insert(e);
                 }
             }
         }
     }
     // The resident ones back in, runs of consecutive pages in consecutive
     // frames with one move each.
-    let back: Vec<(usize, u32)> = frames
+    let back: Vec<(usize, u32)> = taken
         .iter()
-        .filter(|(t, _)| t.resident)
-        .map(|(t, _)| (t.page, t.frame))
+        .filter(|t| t.resident && r.state(t.page) == PageState::Parked(t.frame))
+        .map(|t| (t.page, t.frame))
         .collect();
     let base = r.page_size == PageSize::Base4K;
     for run in back.chunk_by(|a, b| base && b.0 == a.0 + 1 && b.1 == a.1 + 1) {
@@ -302,7 +297,6 @@ fn put_batch(
             core.record(e);
         }
     }
-    drop(frames);
     // The locks go last, after every page is back.
     drop(taken);
 }

@@ -3,7 +3,7 @@
 //! fingerprint ([`crate::dirty`]) — and only from its frame while parked
 //! (out of the region, under its fault lock), so the store gets the page as
 //! it was at one instant. Reclaim writes evicted pages through [`put`],
-//! [`put_run`] and [`put_pages`] (this file); flush, close and teardown
+//! [`put_pages`] and [`put_parked`] (this file); flush, close and teardown
 //! write whole regions through [`write_back`] (`flush.rs`;
 //! `Region::write_back` a range of one).
 //!
@@ -14,6 +14,7 @@
 //! pages' fault locks (`flush.rs` says how it takes them).
 
 use crate::core::Core;
+use crate::frame::Frame;
 use crate::region::RegionInner;
 use crate::store::StoreError;
 use std::sync::atomic::Ordering;
@@ -32,23 +33,7 @@ pub(crate) fn put(
     page: usize,
     bytes: &[u8],
 ) -> Result<(), StoreError> {
-    put_run(core, r, page, &[bytes])
-}
-
-/// [`put`] for the consecutive pages from `first` (`bytes[i]` is page
-/// `first + i`'s content), their locks held: see [`put_pages`].
-pub(crate) fn put_run(
-    core: &Core,
-    r: &RegionInner,
-    first: usize,
-    bytes: &[&[u8]],
-) -> Result<(), StoreError> {
-    let pages: Vec<(usize, &[u8])> = bytes
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (first + i, b))
-        .collect();
-    put_pages(core, r, &pages)
+    put_pages(core, r, &[(page, bytes)])
 }
 
 /// [`put`] for `pages` of `r` (each page and its content, ascending, not
@@ -92,6 +77,34 @@ pub(crate) fn put_pages(
         .written_back
         .fetch_add(dirty.len() as u64, Ordering::Relaxed);
     Ok(())
+}
+
+/// [`put_pages`] for pages parked in their frames: `parked` holds each
+/// page and its frame, pages ascending (a run, a batch of victims, a
+/// flush's batch).
+///
+/// # Safety
+/// Each page is parked in its frame, checked under its fault lock, which
+/// the caller holds until this returns: nobody else reads or writes those
+/// frames, and each is whole in its slot. No frame appears twice.
+pub(crate) unsafe fn put_parked(
+    core: &Core,
+    r: &RegionInner,
+    parked: &[(usize, u32)],
+) -> Result<(), StoreError> {
+    let order = r.page_size.order();
+    let mut frames: Vec<Frame> = parked
+        .iter()
+        .map(|&(_, f)| Frame::from_parts(f, order))
+        .collect();
+    let bytes: Vec<(usize, &[u8])> = parked
+        .iter()
+        .zip(frames.iter_mut())
+        // SAFETY: the caller's contract; each `&mut Frame` is distinct, so
+        // the slices do not alias.
+        .map(|(&(page, _), f)| (page, &*unsafe { core.pool.bytes_mut(f) }))
+        .collect();
+    put_pages(core, r, &bytes)
 }
 
 /// The runs of consecutive pages of an ascending sequence.
