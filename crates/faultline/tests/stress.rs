@@ -10,7 +10,8 @@
 //!    same 2 MiB pages others write, and a forker forks children that exit —
 //!    and churn private ones (map, write, verify, unmap).
 //! 2. [`stress_store_backed_oracle`]: the same writers over file-backed
-//!    regions (4 KiB and 2 MiB pages) four times the budget, so reclaim
+//!    regions (4 KiB and 2 MiB pages) four times the budget, with
+//!    sequential sweeps of the 4 KiB one (streams that read ahead), so reclaim
 //!    parks, evicts and writes back all the time, with a flusher, the
 //!    dropper, the forker, a migrator (to a tier and back, and collapses),
 //!    a budget that shrinks and grows (`set_budget`: the balloon) and
@@ -518,6 +519,23 @@ fn store_backed_oracle(mode: FaultMode) {
                                     // Word w is written only by thread t.
                                     r.atomics()[w].store(value(t, round, w), Ordering::Relaxed);
                                     mine[ri].insert(w, round);
+                                }
+                                if ri == 0 && round % 4 == 0 {
+                                    // A sequential sweep of 64 pages (one
+                                    // word of this thread's on each): a
+                                    // stream, whose faults read ahead and
+                                    // reclaim for their windows.
+                                    let pages = r.len() / 4096;
+                                    let start = next() as usize % (pages - 64);
+                                    for page in start..start + 64 {
+                                        let w0 = page * 512;
+                                        let w = w0 + (t + threads - w0 % threads) % threads;
+                                        if !dropper_page(w) {
+                                            r.atomics()[w]
+                                                .store(value(t, round, w), Ordering::Relaxed);
+                                            mine[ri].insert(w, round);
+                                        }
+                                    }
                                 }
                                 // Read back a word written earlier (it may
                                 // have been evicted and read from the file).

@@ -5,13 +5,17 @@
 //! regions continuing a sequential stream, a read-ahead run (the window doubles
 //! while the stream lasts, up to `readahead_max`) with an asynchronous hint for
 //! the next one. A run takes one buddy frame run and one store read and is
-//! mapped with one move.
+//! mapped with one move; a stream's fault reclaims for its run when free
+//! memory is short of it, other read-ahead takes only what is free.
 //!
 //! Invariants: a run is a power of two of pages, all absent, starting at the
 //! faulting page (read-ahead) or at its aligned window (fault-around); the
 //! frame returned belongs to the caller (in flight). Locks: the caller holds
 //! the page's fault lock; a read-ahead run's other locks are only tried,
 //! never waited for (no lock order matters), and handed back in `guards`.
+//! A stream's reclaim pass runs with them held: reclaim itself only tries
+//! locks (it skips pages under the run's, which are absent anyway), and
+//! its store writes are made as any fault's synchronous reclaim makes them.
 
 use super::Fault;
 use crate::config::{AccessPattern, PageSize};
@@ -64,10 +68,7 @@ pub(super) fn take<'a>(
     let (domain, key) = region.lock_key(page);
     let held = (!how.lent).then(|| core.locks.index(domain, key));
     let run = if count > 1 && !region.store.is_zero() {
-        // Read-ahead: the longest free run up to the window, from what is
-        // free now (never reclaiming for pages not asked for yet); the
-        // faulting page is the run's first.
-        longest_free_run(core, region, order).ok_or(Shortage::NotAsked)
+        readahead_run(core, region, order, stream, held).ok_or(Shortage::NotAsked)
     } else {
         if count == 1 {
             // The page alone: a lock read-ahead kept for a page it then
@@ -259,6 +260,32 @@ fn readahead<'a>(
         }
     }
     (page, n, window > 1 && !how.ahead)
+}
+
+/// The frame run for a read-ahead unit of `order` (the faulting page is
+/// the run's first): the longest free run up to it. Only a fault that
+/// continues a sequential stream (`stream`) reclaims for its window, with
+/// one synchronous pass, when less than two windows are free; a window
+/// read ahead otherwise takes what is free now, never reclaiming for
+/// pages nobody asked for. A stream's next pages will be asked for, and
+/// without the pass a sequential writer — whose dirty pages keep free
+/// memory scarce, the background reclaimer writing them back as fast as
+/// it can — read 32 pages a store read instead of 256, and ran at 0.66x
+/// the rate it has with it (docs/measurements.md, "Read-ahead that
+/// reclaims for a stream"). `held`: the fault lock the caller holds, for
+/// the pass.
+fn readahead_run(
+    core: &Core,
+    region: &RegionInner,
+    order: u8,
+    stream: bool,
+    held: Option<usize>,
+) -> Option<(usize, Frame)> {
+    let count = 1usize << (order - region.page_size.order());
+    if stream && core.alloc.free_hint() < 2 * count {
+        reclaim::reclaim(core, count, held, || false);
+    }
+    longest_free_run(core, region, order)
 }
 
 /// The longest free frame run of at most `order` and more than one page,
