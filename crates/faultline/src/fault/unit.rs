@@ -13,9 +13,10 @@
 //! frame returned belongs to the caller (in flight). Locks: the caller holds
 //! the page's fault lock; a read-ahead run's other locks are only tried,
 //! never waited for (no lock order matters), and handed back in `guards`.
-//! A stream's reclaim pass runs with them held: reclaim itself only tries
-//! locks (it skips pages under the run's, which are absent anyway), and
-//! its store writes are made as any fault's synchronous reclaim makes them.
+//! A stream's reclaim pass runs before they are taken, holding the
+//! faulting page's lock alone, as any fault's synchronous reclaim: the
+//! run's locks (one a page for a store without an identity) could be every
+//! lock of the table, and no page could be stepped.
 
 use super::Fault;
 use crate::config::{AccessPattern, PageSize};
@@ -68,7 +69,10 @@ pub(super) fn take<'a>(
     let (domain, key) = region.lock_key(page);
     let held = (!how.lent).then(|| core.locks.index(domain, key));
     let run = if count > 1 && !region.store.is_zero() {
-        readahead_run(core, region, order, stream, held).ok_or(Shortage::NotAsked)
+        // Read-ahead: the longest free run up to the window (a stream's
+        // fault reclaimed for it in `readahead`); the faulting page is the
+        // run's first.
+        longest_free_run(core, region, order).ok_or(Shortage::NotAsked)
     } else {
         if count == 1 {
             // The page alone: a lock read-ahead kept for a page it then
@@ -221,7 +225,16 @@ fn fault_around(
 /// The read-ahead run `(page, n, stream)` for a store-backed 4 KiB region:
 /// a fault that continues a sequential stream maps the next `window` pages
 /// (those whose locks could be taken and that are absent) from one store
-/// read, and the store is told to start on the window after it; `stream`:
+/// read, and the store is told to start on the window after it. Such a
+/// fault, finding less than two windows free, first runs one synchronous
+/// reclaim pass for its window (before it takes the window's other locks);
+/// a window read ahead otherwise takes what is free now, never reclaiming
+/// for pages nobody asked for. A stream's next pages will be asked for,
+/// and without the pass a sequential writer — whose dirty pages keep free
+/// memory scarce while the background reclaimer writes them back — read
+/// 32 pages a store read instead of 256, at two thirds of the rate it has
+/// with it (docs/measurements.md, "Read-ahead that reclaims for a
+/// stream"). `stream`:
 /// a fault (not a window mapped ahead itself) will offer that window to the
 /// workers once its run is mapped ([`super::ahead`]). Other regions: the
 /// page alone.
@@ -242,6 +255,13 @@ fn readahead<'a>(
     let window = region.read_ahead.window(page, max, how.ahead);
     let (d0, k0) = region.lock_key(page);
     let mut mine = vec![core.locks.index(d0, k0)];
+    if window > 1 && !how.ahead && core.alloc.free_hint() < 2 * window {
+        // A stream's fault reclaims for its window (one pass), holding no
+        // lock but its own page's, as any fault's reclaim (see the module
+        // docs).
+        let held = (!how.lent).then_some(mine[0]);
+        reclaim::reclaim(core, window, held, || false);
+    }
     let n = region.lock_run(&core.locks, page, window, &mut mine, guards, |p| {
         region.state(p) == PageState::Absent
     });
@@ -260,32 +280,6 @@ fn readahead<'a>(
         }
     }
     (page, n, window > 1 && !how.ahead)
-}
-
-/// The frame run for a read-ahead unit of `order` (the faulting page is
-/// the run's first): the longest free run up to it. Only a fault that
-/// continues a sequential stream (`stream`) reclaims for its window, with
-/// one synchronous pass, when less than two windows are free; a window
-/// read ahead otherwise takes what is free now, never reclaiming for
-/// pages nobody asked for. A stream's next pages will be asked for, and
-/// without the pass a sequential writer — whose dirty pages keep free
-/// memory scarce, the background reclaimer writing them back as fast as
-/// it can — read 32 pages a store read instead of 256, and ran at 0.66x
-/// the rate it has with it (docs/measurements.md, "Read-ahead that
-/// reclaims for a stream"). `held`: the fault lock the caller holds, for
-/// the pass.
-fn readahead_run(
-    core: &Core,
-    region: &RegionInner,
-    order: u8,
-    stream: bool,
-    held: Option<usize>,
-) -> Option<(usize, Frame)> {
-    let count = 1usize << (order - region.page_size.order());
-    if stream && core.alloc.free_hint() < 2 * count {
-        reclaim::reclaim(core, count, held, || false);
-    }
-    longest_free_run(core, region, order)
 }
 
 /// The longest free frame run of at most `order` and more than one page,
