@@ -146,13 +146,7 @@ fn read_only_region(
 ) -> (Region<ReadOnly>, Vec<u8>, std::path::PathBuf, ScratchDir) {
     let data = pattern(len, seed);
     let (dir, path) = scratch(name, &data);
-    let r = mm
-        .map_read_only(
-            len,
-            File::open(&path, FileOptions::new()).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let r = common::map_file_read_only(mm, &path, len / 4096);
     (r, data, path, dir)
 }
 

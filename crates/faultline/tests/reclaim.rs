@@ -248,13 +248,7 @@ fn a_sequential_writer_reads_whole_windows() {
     let (_dir, path, mut oracle) = scratch("seq-writer", len);
     {
         let mm = manager(8 * MIB);
-        let r = mm
-            .map(
-                len,
-                File::open(&path, FileOptions::new().writable(true)).expect("open"),
-                MapOptions::new(),
-            )
-            .expect("map");
+        let r = common::map_file(&mm, &path, len / 4096);
         for page in 0..len / 4096 {
             let at = page * 4096 + page % 4096;
             let v = (page as u8).wrapping_mul(7) | 1;
@@ -278,12 +272,6 @@ fn a_sequential_writer_reads_whole_windows() {
         );
     }
     let mm = manager(8 * MIB);
-    let r = mm
-        .map_read_only(
-            len,
-            File::open(&path, FileOptions::new()).expect("open"),
-            MapOptions::new(),
-        )
-        .expect("map");
+    let r = common::map_file_read_only(&mm, &path, len / 4096);
     check_region(&r, &oracle, "after the sequential writer");
 }

@@ -268,6 +268,20 @@ pub fn map_file(mm: &Manager, path: &std::path::Path, pages: usize) -> faultline
     .expect("map")
 }
 
+/// A read-only region of `pages` 4 KiB pages over the file at `path`.
+pub fn map_file_read_only(
+    mm: &Manager,
+    path: &std::path::Path,
+    pages: usize,
+) -> faultline::Region<faultline::ReadOnly> {
+    mm.map_read_only(
+        pages * 4096,
+        faultline::store::File::open(path, faultline::store::FileOptions::new()).expect("open"),
+        faultline::MapOptions::new(),
+    )
+    .expect("map")
+}
+
 /// A 16-page file in `dir` (its bytes returned), mapped writable in `mm`,
 /// with the first byte of every page then written `0xee` through the
 /// region (dirty, not written back).
