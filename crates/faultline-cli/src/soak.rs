@@ -1,6 +1,8 @@
 //! `faultline soak`: a long data-integrity run. A file `--data-x` times the
 //! budget, mapped with 4 KiB pages; `--threads` threads do random page
-//! operations (reads that check, writes that stamp) until `--ops` operations
+//! operations (reads that check, writes that stamp; one in 256 a sweep
+//! over the next 64 x `--threads` pages in order, a sequential stream,
+//! checking and stamping the thread's own) until `--ops` operations
 //! or `--secs` seconds, while a flusher flushes every second; then the
 //! region is dropped (write-back), a fresh manager reopens the file, and
 //! every page is checked against the oracle. Any wrong word ends the run
@@ -65,6 +67,12 @@ fn check<A: Access>(r: &Region<A>, page: usize, version: u32, what: &str) -> any
     Ok(())
 }
 
+/// One random operation in this many is a sweep instead.
+const SWEEP_EVERY: u64 = 256;
+
+/// Pages of its own a sweep writes, in order.
+const SWEEP: usize = 64;
+
 pub fn run(o: &SoakOpts) -> anyhow::Result<()> {
     if o.threads == 0 || o.data_x == 0 {
         bail!("--threads and --data-x must be at least 1");
@@ -127,14 +135,12 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
                     s.spawn(move || -> anyhow::Result<()> {
                         let mut next = rng(o.seed.wrapping_mul(31) + t as u64 + 1);
                         let mine = pages.div_ceil(o.threads);
-                        while !stop.load(Ordering::Relaxed) {
-                            let p = (next() as usize % mine) * o.threads + t;
-                            if p >= pages {
-                                continue;
-                            }
+                        // One page operation on page p (this thread's):
+                        // check it, and stamp it if `write`.
+                        let op = |p: usize, write: bool| -> anyhow::Result<()> {
                             let v = versions[p].load(Ordering::Relaxed) as u32;
                             check(r, p, v, "soak read")?;
-                            if next() % 2 == 0 {
+                            if write {
                                 // Page p belongs to this thread alone.
                                 let s = stamp(p, v + 1);
                                 r.store_u64(p * PAGE, s)?;
@@ -145,6 +151,29 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
                             if n >= o.ops || Instant::now() >= deadline {
                                 stop.store(true, Ordering::Relaxed);
                             }
+                            Ok(())
+                        };
+                        while !stop.load(Ordering::Relaxed) {
+                            let p = (next() as usize % mine) * o.threads + t;
+                            if p >= pages {
+                                continue;
+                            }
+                            if next() % SWEEP_EVERY == 0 {
+                                // A sweep: the next pages in order, a
+                                // sequential stream (read ahead, and
+                                // reclaimed for); this thread's are
+                                // checked and written, the others' only
+                                // read (their owners may be changing them).
+                                for q in p..(p + SWEEP * o.threads).min(pages) {
+                                    if q % o.threads == t {
+                                        op(q, true)?;
+                                    } else {
+                                        words(r, q)?;
+                                    }
+                                }
+                                continue;
+                            }
+                            op(p, next() % 2 == 0)?;
                         }
                         Ok(())
                     })
@@ -193,6 +222,7 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
                 "ops_per_s": ops as f64 / secs, "secs": secs, "pages": pages,
                 "budget_mib": o.budget_mib, "data_x": o.data_x, "threads": o.threads,
                 "evicted": stats.evicted, "written_back": stats.written_back,
+                "read_aheads": stats.readaheads,
                 "flushes": flushes.load(Ordering::Relaxed), "pages_verified": pages,
                 "words_lost": 0,
             })
@@ -200,13 +230,14 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
     } else {
         println!(
             "soak: {ops} page operations in {secs:.1} s ({:.0}/s) over {} MiB through a {} MiB budget, {} threads; \
-             {} evictions, {} pages written back, {} flushes; all {pages} pages verified after reopening: 0 words lost",
+             {} evictions, {} pages written back, {} read-ahead runs, {} flushes; all {pages} pages verified after reopening: 0 words lost",
             ops as f64 / secs,
             (pages * PAGE) >> 20,
             o.budget_mib,
             o.threads,
             stats.evicted,
             stats.written_back,
+            stats.readaheads,
             flushes.load(Ordering::Relaxed),
         );
     }
