@@ -275,3 +275,26 @@ fn a_sequential_writer_reads_whole_windows() {
     let r = common::map_file_read_only(&mm, &path, len / 4096);
     check_region(&r, &oracle, "after the sequential writer");
 }
+
+/// With reclaim off (`Config::reclaim`), a sequential writer past the
+/// budget is refused — SIGBUS, as any fault that finds no frame — and no
+/// stream's read-ahead reclaims on its own for its window.
+#[test]
+fn with_reclaim_off_a_stream_past_the_budget_is_refused() {
+    if common::in_child() {
+        let (_dir, path, _) = scratch("reclaim-off", 16 * MIB);
+        let mut c = common::config(4 * MIB);
+        c.reclaim = false;
+        let mm = common::manager_with(c);
+        let r = common::map_file(&mm, &path, 16 * MIB / 4096);
+        for page in 0..16 * MIB / 4096 {
+            set_byte(&r, page * 4096, 1);
+        }
+        println!("walked 16 MiB through a 4 MiB budget with reclaim off: no SIGBUS");
+        std::process::exit(0);
+    }
+    assert_eq!(
+        common::child_signal("with_reclaim_off_a_stream_past_the_budget_is_refused"),
+        Some(libc::SIGBUS)
+    );
+}

@@ -255,10 +255,10 @@ fn readahead<'a>(
     let window = region.read_ahead.window(page, max, how.ahead);
     let (d0, k0) = region.lock_key(page);
     let mut mine = vec![core.locks.index(d0, k0)];
-    if window > 1 && !how.ahead && core.alloc.free_hint() < 2 * window {
+    if window > 1 && !how.ahead && core.config.reclaim && core.alloc.free_hint() < 2 * window {
         // A stream's fault reclaims for its window (one pass), holding no
         // lock but its own page's, as any fault's reclaim (see the module
-        // docs).
+        // docs); with reclaim off, as any fault, it does not.
         let held = (!how.lent).then_some(mine[0]);
         reclaim::reclaim(core, window, held, || false);
     }
