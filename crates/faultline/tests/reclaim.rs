@@ -239,7 +239,7 @@ fn contents(r: &Region, range: std::ops::Range<usize>) -> Vec<u8> {
 /// A sequential writer through a budget reads its pages in read-ahead
 /// windows, not in the short runs free memory happens to hold: its dirty
 /// pages keep free memory scarce, and a stream's fault reclaims for its
-/// window (`fault/unit.rs`: `readahead_run`). Before, such a writer read
+/// window (`fault/unit.rs`: `readahead`). Before, such a writer read
 /// a few pages a store read (32 at the benchmark's size, against 183 for
 /// a reader). Every byte is checked in a fresh manager afterwards.
 #[test]

@@ -53,9 +53,14 @@ pub(super) fn take<'a>(
     guards: &mut Vec<FaultGuard<'a>>,
 ) -> Result<Unit, Shortage> {
     let attempt = how.attempt;
+    // The fault lock this worker holds: reclaim may step pages under it
+    // (none in a lent serve: the stopped lender holds it, in the middle of
+    // its own work on them).
+    let (domain, key) = region.lock_key(page);
+    let held = (!how.lent).then(|| core.locks.index(domain, key));
     let (first, count, stream) = match fault_around(core, region, page, attempt) {
         Some((first, count)) => (first, count, false),
-        None if attempt == 0 => readahead(core, region, page, how, guards),
+        None if attempt == 0 => readahead(core, region, page, how, held, guards),
         None => (page, 1, false),
     };
     if how.ahead && count == 1 {
@@ -63,11 +68,6 @@ pub(super) fn take<'a>(
         return Err(Shortage::NotAsked);
     }
     let order = region.page_size.order() + count.trailing_zeros() as u8;
-    // The fault lock this worker holds: reclaim may step pages under it
-    // (none in a lent serve: the stopped lender holds it, in the middle of
-    // its own work on them).
-    let (domain, key) = region.lock_key(page);
-    let held = (!how.lent).then(|| core.locks.index(domain, key));
     let run = if count > 1 && !region.store.is_zero() {
         // Read-ahead: the longest free run up to the window (a stream's
         // fault reclaimed for it in `readahead`); the faulting page is the
@@ -236,13 +236,15 @@ fn fault_around(
 /// with it (docs/measurements.md, "Read-ahead that reclaims for a
 /// stream"). `stream`:
 /// a fault (not a window mapped ahead itself) will offer that window to the
-/// workers once its run is mapped ([`super::ahead`]). Other regions: the
-/// page alone.
+/// workers once its run is mapped ([`super::ahead`]). `held`: the fault
+/// lock the caller holds, if any (as for `take`). Other regions: the page
+/// alone.
 fn readahead<'a>(
     core: &'a Core,
     region: &RegionInner,
     page: usize,
     how: &Fault,
+    held: Option<usize>,
     guards: &mut Vec<FaultGuard<'a>>,
 ) -> (usize, usize, bool) {
     if region.page_size != PageSize::Base4K || region.store.is_zero() {
@@ -255,11 +257,11 @@ fn readahead<'a>(
     let window = region.read_ahead.window(page, max, how.ahead);
     let (d0, k0) = region.lock_key(page);
     let mut mine = vec![core.locks.index(d0, k0)];
-    if window > 1 && !how.ahead && core.config.reclaim && core.alloc.free_hint() < 2 * window {
+    let stream = window > 1 && !how.ahead;
+    if stream && core.config.reclaim && core.alloc.free_hint() < 2 * window {
         // A stream's fault reclaims for its window (one pass), holding no
         // lock but its own page's, as any fault's reclaim (see the module
         // docs); with reclaim off, as any fault, it does not.
-        let held = (!how.lent).then_some(mine[0]);
         reclaim::reclaim(core, window, held, || false);
     }
     let n = region.lock_run(&core.locks, page, window, &mut mine, guards, |p| {
@@ -279,7 +281,7 @@ fn readahead<'a>(
             region.store.will_read(next as u64, ahead, PAGE_SIZE);
         }
     }
-    (page, n, window > 1 && !how.ahead)
+    (page, n, stream)
 }
 
 /// The longest free frame run of at most `order` and more than one page,
