@@ -156,12 +156,15 @@ pub(crate) struct Core {
 }
 
 /// A read-ahead window offered to the workers (`fault::ahead`): its first
-/// page's address, and its region's id (the address may be another
-/// region's by the time a worker looks).
+/// page's address, its region's id (the address may be another region's
+/// by the time a worker looks), and whether the stream that offered it
+/// writes (its fault was a write: the window is filled without
+/// fingerprints, as that fault's own pages were).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ahead {
     pub(crate) addr: usize,
     pub(crate) region: u64,
+    pub(crate) dirties: bool,
 }
 
 impl Core {

@@ -2,13 +2,22 @@
 //! written back, so clean pages are not.
 //!
 //! Method: a *fingerprint of the store's copy* of every page that holds data,
-//! a 128-bit XXH3 hash. It is taken whenever faultline and the store agree on
+//! a 128-bit XXH3 hash. It is taken when faultline and the store agree on
 //! a page's bytes — when a fault fills the frame from the store, and when a
-//! write-back puts the bytes in the store — and a page is clean exactly when
+//! flush puts the bytes in the store — and a page is clean exactly when
 //! its bytes still hash to it:
 //!
 //! `clean(p) ⇔ xxh3_128(bytes(p)) = fp(p)`, and `fp(p)` is set only from the
 //! bytes the store holds.
+//!
+//! Two fills and one write take none, since it could only be hashed to be
+//! found stale or thrown away: a *write fault's* fill (`Fault::dirties`:
+//! the write lands as soon as the page is in; a stream of write faults'
+//! read-ahead windows too, whose pages its writer reaches next), and an
+//! *eviction's* write-back (the frame is freed with its fingerprint). A
+//! page without one is dirty, and its eviction writes it without a hash.
+//! The cost of a wrong guess — a writer's window page that is only read —
+//! is one needless write of that page, never a lost one.
 //!
 //! Eviction hashes the parked frame (quiescent in its pool slot: nothing can
 //! write it) and writes back only on a mismatch; `Region::flush` copies each

@@ -5,12 +5,13 @@
 //! reason otherwise.
 
 use faultline::store::{File, FileOptions};
-use faultline::{MapOptions, PageSize, Region, Store, StoreError};
+use faultline::{Manager, MapOptions, PageSize, Region, Store, StoreError};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 mod common;
-use common::{manager, rng, set_byte, MIB};
+use common::{byte, manager, rng, set_byte, MIB};
 
 /// A file store that counts writes per page.
 #[derive(Debug)]
@@ -74,19 +75,31 @@ fn scratch(name: &str, len: usize) -> (common::ScratchDir, std::path::PathBuf, V
     (dir, path, data)
 }
 
+/// The file at `path` (`len` bytes) through a counting store, mapped whole
+/// in pages of `size` by a manager of `budget` bytes.
+fn counted(
+    path: &Path,
+    len: usize,
+    budget: usize,
+    size: PageSize,
+) -> (Arc<Counting>, Manager, Region) {
+    let store = Arc::new(Counting {
+        inner: File::open(path, FileOptions::new().writable(true)).expect("open"),
+        writes: Mutex::new(HashMap::new()),
+    });
+    let mm = manager(budget);
+    let r = mm
+        .map_shared(len, store.clone(), MapOptions::new().page_size(size))
+        .expect("map");
+    (store, mm, r)
+}
+
 fn run(size: PageSize) {
     let ps = size.bytes();
     let file_len = 32 * MIB;
     let (_dir, path, mut oracle) = scratch(&format!("dirty-{}", size.name()), file_len);
     let pages = file_len / ps;
-    let store = Arc::new(Counting {
-        inner: File::open(&path, FileOptions::new().writable(true)).expect("open"),
-        writes: Mutex::new(HashMap::new()),
-    });
-    let mm = manager(8 * MIB);
-    let r = mm
-        .map_shared(file_len, store.clone(), MapOptions::new().page_size(size))
-        .expect("map");
+    let (store, mm, r) = counted(&path, file_len, 8 * MIB, size);
     // 1. Two sequential read passes over a file 4x the budget: evictions,
     //    no writes.
     for _ in 0..2 {
@@ -117,11 +130,14 @@ fn run(size: PageSize) {
     for &p in &dirty {
         oracle[p * ps + 100] = !oracle[p * ps + 100];
     }
-    // A write that puts back the byte the store holds leaves the page clean.
+    // A write that puts back the byte the store holds leaves a page clean
+    // that a read filled (its fill fingerprinted the store's copy; a page a
+    // write fault fills has none: `first_touch_by_a_write_is_written_back`).
     let same = (0..pages)
         .find(|p| !dirty.contains(p))
         .expect("a clean page");
     let off = same * ps + 7;
+    assert_eq!(byte(&r, off), oracle[off]);
     set_byte(&r, off, oracle[off]);
     assert!(contents(&r) == oracle, "after writes");
     r.flush().expect("flush");
@@ -159,4 +175,56 @@ fn only_dirty_pages_are_written_back_4k() {
 #[test]
 fn only_dirty_pages_are_written_back_2m() {
     run(PageSize::Huge2M);
+}
+
+/// A page whose first touch is a write is filled without a fingerprint of
+/// the store's copy (the write would make it stale at once): it is dirty
+/// from its fill and written back without a hash — even when the write
+/// stored the byte the store holds, the one case where a fingerprint would
+/// have saved the write. A page read first keeps its fingerprint and stays
+/// clean through the same write (`run` above).
+fn first_touch_by_a_write(size: PageSize) {
+    let ps = size.bytes();
+    let file_len = 8 * MIB;
+    let (_dir, path, oracle) = scratch(&format!("first-write-{}", size.name()), file_len);
+    let (store, mm, r) = counted(&path, file_len, 16 * MIB, size);
+    // Page 1: first touched by a write (a whole word: `write_at` of less
+    // reads its word first) of the bytes already there. Page 2: read, then
+    // the same write. Page 3: first touched by a real change.
+    let word = |off: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&oracle[off..off + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let (blind, read_first, changed) = (ps + 8, 2 * ps + 8, 3 * ps + 8);
+    r.store_u64(blind, word(blind)).expect("store");
+    assert_eq!(byte(&r, read_first), oracle[read_first]);
+    r.store_u64(read_first, word(read_first)).expect("store");
+    r.store_u64(changed, !word(changed)).expect("store");
+    r.flush().expect("flush");
+    assert_eq!(store.written(), vec![1, 3], "{}", mm.stats());
+    // Each written once, and now clean: a second flush writes nothing.
+    r.flush().expect("flush again");
+    assert_eq!(store.written(), vec![1, 3]);
+    assert!(store
+        .writes
+        .lock()
+        .expect("counter")
+        .values()
+        .all(|&n| n == 1));
+    let mut want = oracle.clone();
+    want[changed..changed + 8].copy_from_slice(&(!word(changed)).to_ne_bytes());
+    assert!(contents(&r) == want, "region bytes");
+    drop(r);
+    assert!(std::fs::read(&path).expect("read") == want, "file bytes");
+}
+
+#[test]
+fn first_touch_by_a_write_is_written_back_4k() {
+    first_touch_by_a_write(PageSize::Base4K);
+}
+
+#[test]
+fn first_touch_by_a_write_is_written_back_2m() {
+    first_touch_by_a_write(PageSize::Huge2M);
 }

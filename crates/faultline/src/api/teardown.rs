@@ -273,7 +273,11 @@ fn take_run(
     let unit = r.page_size.bytes();
     let per_unit = (unit / faultline_sys::PAGE_SIZE) as u32;
     let mut n = 1;
-    while p + n < end && r.state(p + n) == PageState::Resident(f + n as u32 * per_unit) {
+    // Within one part of the pool: one move cannot span two (`same_part`).
+    while p + n < end
+        && r.state(p + n) == PageState::Resident(f + n as u32 * per_unit)
+        && core.alloc.same_part(f, f + n as u32 * per_unit)
+    {
         n += 1;
     }
     let (slot, addr) = (core.pool.slot_addr(f), r.page_addr(p));

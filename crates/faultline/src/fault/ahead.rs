@@ -49,6 +49,7 @@ pub(super) fn serve(core: &Core, worker: usize, a: Ahead) {
     let _serving = core.nesting.enter_serving();
     let how = Fault {
         ahead: true,
+        dirties: a.dirties,
         ..Fault::at(a.addr)
     };
     let _ = resolve(core, &region, page, &how);

@@ -239,6 +239,7 @@ fn serve(core: &Core, bus: &BusInfo) -> bool {
         nested: core.nesting.is_lending(me),
         ahead: false,
         write: bus.is_write(),
+        dirties: bus.is_write(),
         protection: bus.is_write_protect(),
     };
     let res = resolve(core, &region, page, &how);

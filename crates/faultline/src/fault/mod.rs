@@ -91,6 +91,12 @@ pub(crate) struct Fault {
     /// The access was a write (as far as the kernel said: a read is
     /// assumed where it did not). Such a fill is never write-protected.
     pub(crate) write: bool,
+    /// The access will change the page: a write fault (not a prefetch,
+    /// which maps writable for writes that may never come), or a window a
+    /// stream of write faults offered ([`ahead`]). Its fill takes no
+    /// fingerprint of the store's copy ([`crate::dirty`]): the page is
+    /// dirty from its fill, and write-back needs no hash to know it.
+    pub(crate) dirties: bool,
     /// A write to a page mapped write-protected
     /// ([`crate::FillModel::CopyProtected`]): the protection is lifted,
     /// nothing is filled.
@@ -107,6 +113,7 @@ impl Fault {
             nested: false,
             ahead: false,
             write: false,
+            dirties: false,
             protection: false,
         }
     }

@@ -10,8 +10,9 @@ use crate::region::RegionInner;
 /// Windows waiting for a worker, at most.
 const QUEUE: usize = 16;
 
-/// Offers the window from `page` of `region` to the workers.
-pub(super) fn offer(core: &Core, region: &RegionInner, page: usize) {
+/// Offers the window from `page` of `region` to the workers; `dirties`:
+/// the offering fault was a write (`Fault::dirties`).
+pub(super) fn offer(core: &Core, region: &RegionInner, page: usize, dirties: bool) {
     {
         let mut q = core.ahead.lock();
         if q.len() >= QUEUE {
@@ -20,6 +21,7 @@ pub(super) fn offer(core: &Core, region: &RegionInner, page: usize) {
         q.push_back(Ahead {
             addr: region.page_addr(page),
             region: region.id,
+            dirties,
         });
     }
     // Best effort: a worker that is not woken finds it at its next turn.

@@ -67,7 +67,7 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
         Ok(u) => u,
         Err(why) => return no_frame(core, region, page, how, why),
     };
-    let source = match unit::fill_frame(core, region, page, how.addr, &mut u) {
+    let source = match unit::fill_frame(core, region, page, how, &mut u) {
         Ok(source) => source,
         Err(e) => {
             core.alloc.free(u.frame);
@@ -79,7 +79,7 @@ fn serve(core: &Core, region: &RegionInner, page: usize, how: &Fault) -> Resolut
     let res = map_in(core, region, page, u, how, protect);
     if let (Resolution::Moved, Some(next)) = (res, offer) {
         // Read while the program works through the run just mapped.
-        super::offers::offer(core, region, next);
+        super::offers::offer(core, region, next, how.dirties);
     }
     res
 }

@@ -237,6 +237,7 @@ pub(crate) fn handle(
         nested,
         ahead: false,
         write,
+        dirties: write,
         protection: wp,
     };
     let res = {

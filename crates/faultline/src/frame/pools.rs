@@ -111,6 +111,15 @@ impl FramePools {
         &self.parts[self.part_index(index)]
     }
 
+    /// Whether frames `a` and `b` lie in one part. Parts differ in THP
+    /// advice or NUMA policy, so a part boundary may be a boundary between
+    /// two VMAs of the pool mapping, which one `UFFDIO_MOVE` cannot span
+    /// (`EINVAL`): consecutive frames make one run for a move only within a
+    /// part.
+    pub fn same_part(&self, a: u32, b: u32) -> bool {
+        self.part_index(a) == self.part_index(b)
+    }
+
     /// Number of pools.
     pub fn count(&self) -> usize {
         self.pools
@@ -272,6 +281,33 @@ mod tests {
                 cpus: 2,
             },
         )
+    }
+
+    /// Two zones of one pool are two parts (two VMAs of the pool mapping
+    /// when their THP advice differs), and so are two pools: frames on
+    /// either side of a boundary are never one run for a move.
+    #[test]
+    fn a_part_boundary_ends_a_run_of_frames() {
+        let zone = |pages: usize, huge: bool| PartSpec {
+            bytes: pages * faultline_sys::PAGE_SIZE,
+            node: None,
+            pool: 0,
+            huge,
+            populate: true,
+        };
+        let specs = [zone(512, false), zone(1024, true)];
+        let cfg = AllocConfig {
+            pcp: false,
+            batch: 8,
+            high: 32,
+            cpus: 2,
+        };
+        let p = FramePools::new(&specs, cfg);
+        assert!(p.same_part(0, 511) && p.same_part(512, 1535));
+        assert!(!p.same_part(511, 512) && !p.same_part(0, 1535));
+        assert_eq!(p.pool_of(511), p.pool_of(512), "one pool, two zones");
+        let two = pools(&[512, 512]);
+        assert!(!two.same_part(511, 512) && two.same_part(512, 1023));
     }
 
     #[test]

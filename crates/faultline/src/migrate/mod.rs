@@ -284,21 +284,29 @@ fn place_new(core: &Core, r: &RegionInner, todo: &[Todo], new: &[Frame]) {
             i += 1;
             continue;
         }
-        let n = run_at(todo, i, per_unit, |j| new[j].index());
+        let n = run_at(core, todo, i, per_unit, |j| new[j].index());
         move_in(core, r, t.page, new[i].index(), n, order);
         i += n;
     }
 }
 
 /// Length of the run of resident pages starting at `todo[i]`: consecutive
-/// pages whose frames (`frame(j)` for entry `j`) are consecutive too, so one
-/// move takes them all.
-fn run_at(todo: &[Todo], i: usize, per_unit: u32, frame: impl Fn(usize) -> u32) -> usize {
+/// pages whose frames (`frame(j)` for entry `j`) are consecutive too, in
+/// one part of the pool (`FramePools::same_part`), so one move takes them
+/// all.
+fn run_at(
+    core: &Core,
+    todo: &[Todo],
+    i: usize,
+    per_unit: u32,
+    frame: impl Fn(usize) -> u32,
+) -> usize {
     let mut n = 1;
     while i + n < todo.len()
         && todo[i + n].resident
         && todo[i + n].page == todo[i].page + n
         && frame(i + n) == frame(i) + n as u32 * per_unit
+        && core.alloc.same_part(frame(i), frame(i + n))
     {
         n += 1;
     }
@@ -332,7 +340,7 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) -> usize {
             i += 1;
             continue;
         }
-        let n = run_at(todo, i, per_unit, |j| todo[j].old);
+        let n = run_at(core, todo, i, per_unit, |j| todo[j].old);
         held = held || started.elapsed() > pagemove::DEADLINE;
         if held {
             keep[i..i + n].fill(false);

@@ -158,7 +158,8 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<
 }
 
 /// Parks the run of resident 4 KiB pages from `page` whose frames follow
-/// its own in the same pool (a read-ahead or fault-around run) with one
+/// its own in the same part of the pool (a read-ahead or fault-around run:
+/// [`crate::frame::FramePools::same_part`]) with one
 /// move: one TLB flush for the run where parking each flushes once a page
 /// (on this VM a flush that reaches another CPU costs an IPI, ~25 µs). At
 /// most `max` pages; `page`'s lock is held (its index in `held`), the
@@ -182,11 +183,10 @@ pub(crate) fn park_run<'a>(
     let PageState::Resident(f) = r.state(page) else {
         return 0;
     };
-    let pool = core.alloc.pool_of(f);
     let n = r.lock_run(&core.locks, page, max, held, guards, |p| {
         let fp = f + (p - page) as u32;
         r.state(p) == PageState::Resident(fp)
-            && core.alloc.pool_of(fp) == pool
+            && core.alloc.same_part(f, fp)
             && !r.pins.contains(p)
             && !r.held.contains(p)
     });

@@ -81,9 +81,10 @@ fn evict_region_pages(
     if parked.is_empty() {
         return 0;
     }
+    let evicted_after = writeback::AfterWrite::Evicted;
     // SAFETY: each page is parked in its frame, checked just now under its
     // lock, which `pages` holds until the caller drops the batch.
-    if let Err(e) = unsafe { writeback::put_parked(core, region, &parked) } {
+    if let Err(e) = unsafe { writeback::put_parked(core, region, &parked, evicted_after) } {
         // Keep the data: the pages stay parked, tried again next pass.
         core.record(FaultError::Store {
             addr: region.page_addr(parked[0].0),

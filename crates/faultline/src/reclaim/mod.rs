@@ -324,7 +324,8 @@ fn step(core: &Core, r: &RegionInner, page: usize, evicted: &mut Vec<Frame>) -> 
                 // SAFETY: a parked frame belongs to its page, whose lock we
                 // hold: nobody else reads or writes it, and it is populated.
                 let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
-                if let Err(e) = writeback::put(core, r, page, bytes) {
+                if let Err(e) = writeback::put(core, r, page, bytes, writeback::AfterWrite::Evicted)
+                {
                     // Keep the data: the page stays parked.
                     core.record(FaultError::Store {
                         addr: r.page_addr(page),

@@ -109,9 +109,10 @@ fn evict_run(
     let Some(parked) = parked else {
         return (0, 0);
     };
+    let evicted_after = writeback::AfterWrite::Evicted;
     // SAFETY: each page is parked in its frame, checked under its lock
     // (`lock_run`), which `_guards` (or the caller) holds.
-    if let Err(e) = unsafe { writeback::put_parked(core, r, &parked) } {
+    if let Err(e) = unsafe { writeback::put_parked(core, r, &parked, evicted_after) } {
         // Keep the data: the pages stay parked, tried again next pass.
         core.record(FaultError::Store {
             addr: r.page_addr(page),

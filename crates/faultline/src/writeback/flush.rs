@@ -12,7 +12,7 @@
 //! waited for (bounded with `limit` at teardown, so a worker stuck in a
 //! store call cannot hang a drop) only with none held.
 
-use super::{put, put_parked};
+use super::{put, put_parked, AfterWrite};
 use crate::config::PageSize;
 use crate::core::Core;
 use crate::error::FaultError;
@@ -266,7 +266,7 @@ fn put_batch(
         .collect();
     // SAFETY: the pages are parked in their frames, checked just now under
     // their locks, which `taken` holds until the end.
-    if let Err(e) = unsafe { put_parked(core, r, &parked) } {
+    if let Err(e) = unsafe { put_parked(core, r, &parked, AfterWrite::Kept) } {
         if parked.len() == 1 {
             first_err.get_or_insert(e);
         } else {
@@ -276,7 +276,7 @@ fn put_batch(
                 }
                 // SAFETY: parked in its frame, checked just now under its
                 // lock, which `taken` holds.
-                if let Err(e) = unsafe { put_parked(core, r, &[(page, frame)]) } {
+                if let Err(e) = unsafe { put_parked(core, r, &[(page, frame)], AfterWrite::Kept) } {
                     first_err.get_or_insert(e);
                 }
             }
@@ -290,7 +290,11 @@ fn put_batch(
         .map(|t| (t.page, t.frame))
         .collect();
     let base = r.page_size == PageSize::Base4K;
-    for run in back.chunk_by(|a, b| base && b.0 == a.0 + 1 && b.1 == a.1 + 1) {
+    // Within one part of the pool: one move cannot span two (`same_part`).
+    let run = |a: &(usize, u32), b: &(usize, u32)| {
+        base && b.0 == a.0 + 1 && b.1 == a.1 + 1 && core.alloc.same_part(a.1, b.1)
+    };
+    for run in back.chunk_by(run) {
         if let Err(e) = pagemove::unpark_run(core, r, run[0].0, run[0].1, run.len()) {
             // Its data stays safe in its frames (parked); the next touch
             // moves it back in.
@@ -374,7 +378,7 @@ fn put_held(
     }
     let mut buf = vec![0u8; len];
     copy(addr, &mut buf);
-    put(core, r, page, &buf)
+    put(core, r, page, &buf, AfterWrite::Kept)
 }
 
 /// The write-back error for `page`, which could not be taken out of the

@@ -1,6 +1,7 @@
 //! Write-back: the one place page bytes go to a region's store. A page is
 //! written only when dirty — its bytes differ from the store's copy, by
-//! fingerprint ([`crate::dirty`]) — and only from its frame while parked
+//! fingerprint ([`crate::dirty`]), or it has none (filled for a write) —
+//! and only from its frame while parked
 //! (out of the region, under its fault lock), so the store gets the page as
 //! it was at one instant. Reclaim writes evicted pages through [`put`],
 //! [`put_pages`] and [`put_parked`] (this file); flush, close and teardown
@@ -23,6 +24,19 @@ mod flush;
 
 pub(crate) use flush::{write_back, OnHeld};
 
+/// What becomes of pages once written back, which decides whether the
+/// fingerprint of what was written is worth a hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterWrite {
+    /// Evicted: their frames are freed, and their fingerprints with them.
+    /// A page without a fingerprint (dirty since its fill, `Fault::dirties`)
+    /// is written without hashing it at all.
+    Evicted,
+    /// Kept in their frames (a flush): fingerprinted, so they count clean
+    /// until written again.
+    Kept,
+}
+
 /// Writes `bytes`, the content of `page`, to the store unless they are
 /// the store's already ([`crate::dirty`]); on success the page is clean.
 /// Caller holds the page's lock and `bytes` cannot change meanwhile (a
@@ -32,30 +46,39 @@ pub(crate) fn put(
     r: &RegionInner,
     page: usize,
     bytes: &[u8],
+    after: AfterWrite,
 ) -> Result<(), StoreError> {
-    put_pages(core, r, &[(page, bytes)])
+    put_pages(core, r, &[(page, bytes)], after)
 }
 
 /// [`put`] for `pages` of `r` (each page and its content, ascending, not
 /// necessarily consecutive: a run, or a batch of scattered victims), their
 /// locks held: the dirty ones go to the store in one call
 /// ([`crate::store::Store::write_pages`]: one round trip to a remote
-/// store, all in flight at once to a file). On success all are clean; on
-/// an error none is marked clean, so all are written again later.
+/// store, all in flight at once to a file). On success all are clean
+/// (fingerprinted if `after` keeps them); on an error none is marked
+/// clean, so all are written again later.
 pub(crate) fn put_pages(
     core: &Core,
     r: &RegionInner,
     pages: &[(usize, &[u8])],
+    after: AfterWrite,
 ) -> Result<(), StoreError> {
     let stats = &core.stats;
-    let fps: Vec<u128> = pages
+    // A page with a fingerprint is hashed to see whether it is clean; one
+    // without is dirty (a write fault's fill, or a page never written
+    // back), hashed only if its fingerprint is kept after the write.
+    let fps: Vec<Option<u128>> = pages
         .iter()
-        .map(|&(_, b)| crate::dirty::fingerprint(b))
+        .map(|&(page, b)| {
+            (after == AfterWrite::Kept || r.fingerprint(page).is_some())
+                .then(|| crate::dirty::fingerprint(b))
+        })
         .collect();
     let dirty: Vec<(u64, &[u8])> = pages
         .iter()
         .zip(&fps)
-        .filter(|&(&(page, _), &fp)| r.fingerprint(page) != Some(fp))
+        .filter(|&(&(page, _), &fp)| fp.is_none() || r.fingerprint(page) != fp)
         .map(|(&(page, b), _)| (page as u64, b))
         .collect();
     let clean = (pages.len() - dirty.len()) as u64;
@@ -70,8 +93,12 @@ pub(crate) fn put_pages(
         r.store.write_pages(&dirty)?;
         stats.store_writes.record(t0.elapsed().as_nanos() as u64);
     }
-    for (&(page, _), &fp) in pages.iter().zip(&fps) {
-        r.set_fingerprint(page, fp);
+    if after == AfterWrite::Kept {
+        for (&(page, _), &fp) in pages.iter().zip(&fps) {
+            if let Some(fp) = fp {
+                r.set_fingerprint(page, fp);
+            }
+        }
     }
     stats
         .written_back
@@ -91,6 +118,7 @@ pub(crate) unsafe fn put_parked(
     core: &Core,
     r: &RegionInner,
     parked: &[(usize, u32)],
+    after: AfterWrite,
 ) -> Result<(), StoreError> {
     let order = r.page_size.order();
     let mut frames: Vec<Frame> = parked
@@ -104,7 +132,7 @@ pub(crate) unsafe fn put_parked(
         // the slices do not alias.
         .map(|(&(page, _), f)| (page, &*unsafe { core.pool.bytes_mut(f) }))
         .collect();
-    put_pages(core, r, &bytes)
+    put_pages(core, r, &bytes, after)
 }
 
 /// The runs of consecutive pages of an ascending sequence.
