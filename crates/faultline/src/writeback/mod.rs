@@ -65,20 +65,23 @@ pub(crate) fn put_pages(
     after: AfterWrite,
 ) -> Result<(), StoreError> {
     let stats = &core.stats;
-    // A page with a fingerprint is hashed to see whether it is clean; one
-    // without is dirty (a write fault's fill, or a page never written
-    // back), hashed only if its fingerprint is kept after the write.
-    let fps: Vec<Option<u128>> = pages
+    // Each page's fingerprint now, and whether it is dirty. A page with a
+    // fingerprint is hashed to see whether it is clean; one without is
+    // dirty (a write fault's fill, or a page never written back), hashed
+    // only if its fingerprint is kept after the write.
+    let fps: Vec<(Option<u128>, bool)> = pages
         .iter()
         .map(|&(page, b)| {
-            (after == AfterWrite::Kept || r.fingerprint(page).is_some())
-                .then(|| crate::dirty::fingerprint(b))
+            let had = r.fingerprint(page);
+            let now =
+                (after == AfterWrite::Kept || had.is_some()).then(|| crate::dirty::fingerprint(b));
+            (now, had.is_none() || had != now)
         })
         .collect();
     let dirty: Vec<(u64, &[u8])> = pages
         .iter()
         .zip(&fps)
-        .filter(|&(&(page, _), &fp)| fp.is_none() || r.fingerprint(page) != fp)
+        .filter(|&(_, &(_, dirty))| dirty)
         .map(|(&(page, b), _)| (page as u64, b))
         .collect();
     let clean = (pages.len() - dirty.len()) as u64;
@@ -94,7 +97,7 @@ pub(crate) fn put_pages(
         stats.store_writes.record(t0.elapsed().as_nanos() as u64);
     }
     if after == AfterWrite::Kept {
-        for (&(page, _), &fp) in pages.iter().zip(&fps) {
+        for (&(page, _), &(fp, _)) in pages.iter().zip(&fps) {
             if let Some(fp) = fp {
                 r.set_fingerprint(page, fp);
             }
