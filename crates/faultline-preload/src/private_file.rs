@@ -152,6 +152,28 @@ impl Store for PrivateFile {
         Ok(())
     }
 
+    fn read_pages_each(
+        &self,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+        landed: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        let n = (buf.len() / page_size) as u64;
+        if let Some(f) = self
+            .file
+            .as_ref()
+            .filter(|_| !(first..first + n).any(|p| self.backing.holds(p)))
+        {
+            return f.read_pages_each(first, page_size, buf, landed);
+        }
+        self.read_pages(first, page_size, buf)?;
+        buf.chunks(page_size)
+            .enumerate()
+            .for_each(|(i, page)| landed(i, page));
+        Ok(())
+    }
+
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         inside(|| self.backing.overlay.write(page, buf))?;
         self.backing.mark(page);

@@ -131,6 +131,25 @@ impl Store for ProgramFile {
         })
     }
 
+    fn read_pages_each(
+        &self,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+        landed: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        inside(|| {
+            let at = self.offset + first * page_size as u64;
+            if self.read_cached(at, buf) {
+                buf.chunks(page_size)
+                    .enumerate()
+                    .for_each(|(i, page)| landed(i, page));
+                return Ok(());
+            }
+            self.inner.read_pages_each(first, page_size, buf, landed)
+        })
+    }
+
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         inside(|| self.write_cut(page, buf, self.file_size(page)?))
     }

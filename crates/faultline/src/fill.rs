@@ -5,9 +5,10 @@
 //! on this VM, which hides the fast-string CPUID flags (docs/measurements.md, "Clearing a
 //! 2 MiB frame"). A frame the pool knows to be zero is not cleared again.
 //!
-//! Invariant: after [`fill`] returns `Ok`, the frame holds exactly the page's
-//! content, and the pool's zero bit for it is clear (it is about to be
-//! mapped and written). No locks: the caller owns the frame.
+//! Invariant: after [`fill_zeros`], or [`fill_from_store`] returning `Ok`,
+//! the frame holds exactly the page's content, and the pool's zero bit for
+//! it is clear (it is about to be mapped and written). No locks: the
+//! caller owns the frame.
 
 use crate::config::FillOrder;
 use crate::core::Core;
@@ -107,39 +108,49 @@ pub fn clear_ordered(buf: &mut [u8], target: usize, order: FillOrder) {
     }
 }
 
-/// Fills `frame` with the content of page `page` of a region backed by
-/// `store`; `target` is the byte offset in the frame of the faulting access,
-/// and `order` the sub-page order for clearing a huge frame. A frame of
-/// several pages (fault-around, read-ahead) holds consecutive pages of
-/// `page_bytes` each, from `page` on. (A store fills pages in its own order.)
+/// Fills `frame` with zeros for a fault at byte `target` of it, clearing
+/// a huge frame in `order` — unless the pool knows it is zero already.
 ///
 /// # Safety
 /// `frame` is in flight and from `pool`, as [`Pool::bytes_mut`] requires.
-pub unsafe fn fill(
+pub unsafe fn fill_zeros(
+    pool: &Pool,
+    frame: &mut Frame,
+    target: usize,
+    order: FillOrder,
+) -> FillSource {
+    let source = if pool.is_zeroed(frame) {
+        FillSource::Prezeroed
+    } else {
+        // SAFETY: the frame is in flight and from this pool (our contract).
+        let bytes = unsafe { pool.bytes_mut(frame) };
+        clear_ordered(bytes, target, order);
+        FillSource::Cleared
+    };
+    pool.set_zeroed(frame, false);
+    source
+}
+
+/// Fills `frame` with pages of `page_bytes` each from page `first` of
+/// `store` (a frame of several pages, a read-ahead run, holds consecutive
+/// pages; a store fills them in its own order), handing each to `landed`
+/// as it lands ([`Store::read_pages_each`]).
+///
+/// # Safety
+/// `frame` is in flight and from `pool`, as [`Pool::bytes_mut`] requires.
+pub unsafe fn fill_from_store(
     pool: &Pool,
     frame: &mut Frame,
     store: &dyn Store,
-    page: u64,
+    first: u64,
     page_bytes: usize,
-    target: usize,
-    order: FillOrder,
-) -> Result<FillSource, StoreError> {
-    let zeroed = pool.is_zeroed(frame);
+    landed: &mut dyn FnMut(usize, &[u8]),
+) -> Result<(), StoreError> {
+    // Not zero whatever the read does: a failed read leaves part of it.
+    pool.set_zeroed(frame, false);
     // SAFETY: the frame is in flight and from this pool (our contract).
     let bytes = unsafe { pool.bytes_mut(frame) };
-    let source = if store.is_zero() {
-        if zeroed {
-            FillSource::Prezeroed
-        } else {
-            clear_ordered(bytes, target, order);
-            FillSource::Cleared
-        }
-    } else {
-        store.read_pages(page, page_bytes, bytes)?;
-        FillSource::Store
-    };
-    pool.set_zeroed(frame, false);
-    Ok(source)
+    store.read_pages_each(first, page_bytes, bytes, landed)
 }
 
 /// The zeroing worker: keeps `prezero_reserve` zeroed 2 MiB frames ready,

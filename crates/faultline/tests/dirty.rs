@@ -33,6 +33,17 @@ impl Store for Counting {
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
         self.inner.read_pages(first, page_size, buf)
     }
+    // Forwarded, so the file store fingerprints its staged read-ahead runs
+    // page by page as it copies them, as it does unwrapped.
+    fn read_pages_each(
+        &self,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+        landed: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        self.inner.read_pages_each(first, page_size, buf, landed)
+    }
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), StoreError> {
         *self
             .writes

@@ -460,3 +460,75 @@ fn a_page_whose_store_read_failed_is_read_again_by_a_later_access() {
     let n = store.reads_of(9);
     assert!((3..=6).contains(&n), "the dead page was read {n} times");
 }
+
+/// A store whose every read writes its buffer full before it fails: a
+/// device error part-way through a read leaves bytes in the frame.
+#[derive(Debug)]
+struct Scribbling;
+
+impl Store for Scribbling {
+    fn name(&self) -> &'static str {
+        "scribbling"
+    }
+
+    fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read_pages(page, buf.len(), buf)
+    }
+
+    fn read_pages(&self, first: u64, _page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
+        buf.fill(0xAB);
+        Err(StoreError::Io {
+            op: "read",
+            page: first,
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        })
+    }
+
+    fn write(&self, _page: u64, _buf: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A frame the pool knew to be zero (refilled after the budget shrank and
+/// grew back) that a failed store read wrote into is not zero any more: a
+/// later anonymous page must not take it uncleared. Before, a failed
+/// read left the pool's "known zero" mark as it was.
+#[test]
+fn a_failed_read_leaves_no_frame_counted_zero() {
+    let mut c = common::config(16 * MIB);
+    c.prezero_reserve = 0;
+    let mm = common::manager_with(c);
+    // Shrink and grow back: the frames given back are refilled with zero
+    // pages when taken again, and known to be zero.
+    mm.set_budget(4 * MIB).expect("shrink");
+    mm.set_budget(16 * MIB).expect("grow");
+    let huge = MapOptions::new().page_size(faultline::PageSize::Huge2M);
+    let bad = mm.map(8 * MIB, Scribbling, huge).expect("map");
+    for p in 0..4 {
+        assert_eq!(
+            kernel_read(bad.addr() + p * 2 * MIB),
+            libc::EFAULT,
+            "page {p} fails"
+        );
+    }
+    let zero = mm
+        .map(
+            8 * MIB,
+            faultline::store::Zero,
+            MapOptions::new().page_size(faultline::PageSize::Huge2M),
+        )
+        .expect("map");
+    let mut page = vec![0u8; 2 * MIB];
+    for p in 0..4 {
+        zero.read_at(p * 2 * MIB, &mut page).expect("read_at");
+        let stray = page.iter().position(|&b| b != 0);
+        assert!(
+            stray.is_none(),
+            "anonymous page {p} has a byte of a failed read at {stray:?}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! Choosing what one fault maps, taking its frame, and filling it
-//! ([`fill_frame`]: zeros, or the store's bytes, fingerprinted unless the
-//! fault writes them): the faulting
+//! ([`fill_frame`]: zeros, or the store's bytes, fingerprinted as they land
+//! unless the fault writes them): the faulting
 //! page alone; its fault-around window (zero-filled 4 KiB regions with every
 //! page of the window absent and memory plentiful); or, for store-backed 4 KiB
 //! regions continuing a sequential stream, a read-ahead run (the window doubles
@@ -128,7 +128,8 @@ pub(super) fn take<'a>(
 }
 
 /// Fills the unit's frame (zeros in the configured order, or the store's
-/// bytes, fingerprinted for dirty tracking: [`crate::dirty`] — unless the
+/// bytes, fingerprinted for dirty tracking as the store hands each page
+/// over: [`crate::dirty`] — unless the
 /// fault `dirties` its pages, whose fingerprints would only be hashed to
 /// be found stale at write-back); returns where the bytes came from.
 pub(super) fn fill_frame(
@@ -148,18 +149,40 @@ pub(super) fn fill_frame(
         (!region.store.is_zero()).then(|| core.nesting.lend(region.id, u.first..u.first + u.count));
     // Store reads are timed (zero fills are not: no clock on that path).
     let t0 = (!region.store.is_zero()).then(std::time::Instant::now);
-    // SAFETY: `u.frame` was just allocated (or taken from the pre-zeroed
-    // reserve), so this worker owns it.
-    let filled = unsafe {
-        fill::fill(
-            &core.pool,
-            &mut u.frame,
-            region.store.as_ref(),
-            u.first as u64,
-            unit,
-            target,
-            core.config.experiment.fill_order,
-        )
+    // A write fault's pages (and a writing stream's window) go in without
+    // fingerprints: dirty from the fill. Hashing them only for the write
+    // to make the hash stale cost a sequential writer 6% of its rate
+    // (measurements.md §26). Other fills of a writable region hash each
+    // page as the store hands it over (`Store::read_pages_each`): a page
+    // the store just copied is hashed from the cache (measurements.md §27).
+    let hashed = region.tracks_dirt() && !how.dirties;
+    // 0: not handed over (a real fingerprint is never 0).
+    let mut fps = vec![0u128; if hashed { u.count } else { 0 }];
+    // Fingerprints the pages handed over, if `hashed`.
+    let mut take = |i: usize, page: &[u8]| {
+        if let Some(fp) = fps.get_mut(i) {
+            *fp = crate::dirty::fingerprint(page);
+        }
+    };
+    let filled = if region.store.is_zero() {
+        let order = core.config.experiment.fill_order;
+        // SAFETY: `u.frame` was just allocated (or taken from the
+        // pre-zeroed reserve), so this worker owns it.
+        Ok(unsafe { fill::fill_zeros(&core.pool, &mut u.frame, target, order) })
+    } else {
+        let store = region.store.as_ref();
+        // SAFETY: as above.
+        unsafe {
+            fill::fill_from_store(
+                &core.pool,
+                &mut u.frame,
+                store,
+                u.first as u64,
+                unit,
+                &mut take,
+            )
+        }
+        .map(|()| FillSource::Store)
     };
     let source = filled.map_err(|source| FaultError::Store {
         addr: region.page_addr(page),
@@ -176,20 +199,12 @@ pub(super) fn fill_frame(
             }
             Stats::bump(&core.stats.fills_store);
             region.note_store_memory();
-            // A write fault's pages (and a writing stream's window) go in
-            // without fingerprints: dirty from the fill. Hashing them only
-            // for the write to make the hash stale cost a sequential
-            // writer 6% of its rate (measurements.md §26).
-            if region.tracks_dirt() && !how.dirties {
-                let per_unit = (unit / PAGE_SIZE) as u32;
-                let first = u.frame.index();
-                // SAFETY: this worker owns the in-flight frame.
-                let bytes = unsafe { core.pool.bytes_mut(&mut u.frame) };
-                for (i, p) in (0u32..).zip(bytes.chunks(unit)) {
-                    // The pages take these frames in `map_in`; a move that
-                    // fails clears them again (`set_state`).
-                    region.fingerprint_frame(first + i * per_unit, crate::dirty::fingerprint(p));
-                }
+            let per_unit = (unit / PAGE_SIZE) as u32;
+            let first = u.frame.index();
+            for (i, &fp) in (0u32..).zip(&fps).filter(|(_, &fp)| fp != 0) {
+                // The pages take these frames in `map_in`; a move that
+                // fails clears them again (`set_state`).
+                region.fingerprint_frame(first + i * per_unit, fp);
             }
         }
     }

@@ -18,6 +18,7 @@
 //! Locks: only a staging half's, tried (the kernel orders concurrent
 //! `pread`/`pwrite` on one file).
 
+use super::file_options::FileOptions;
 use super::staging::Staging;
 use super::{Store, StoreError};
 use std::time::Duration;
@@ -51,113 +52,12 @@ pub struct File {
 /// (the largest logical block size of common devices).
 const DIRECT_ALIGN: usize = 4096;
 
-/// How a [`File`] store is opened: `FileOptions::new().offset(o).writable(true)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct FileOptions {
-    /// Byte offset in the file of the region's first page. Default 0.
-    pub offset: u64,
-    /// Open read-write (write-back allowed); default read-only (map such a
-    /// store with [`crate::Manager::map_read_only`]).
-    pub writable: bool,
-    /// Direct I/O (`O_DIRECT`) between the file and the frames: default on.
-    /// See [`FileOptions::direct`].
-    pub direct: bool,
-    /// Long direct reads staged in a huge page: default on. See
-    /// [`FileOptions::staged`].
-    pub staged: bool,
-    /// How long a thread waiting for a direct read polls for its
-    /// completion before it sleeps: default 200 µs. See
-    /// [`FileOptions::poll`].
-    pub poll: Duration,
-}
-
 /// The longest direct read that is polled (see [`File::spin`]).
 const POLL_MAX: usize = 32 << 10;
 
 /// The most consecutive pages written with one vectored write
 /// ([`Store::write_pages`]): 1 MiB of 4 KiB pages, well under `IOV_MAX`.
 const RUN_MAX_PAGES: usize = 256;
-
-/// The default of [`FileOptions::poll`]: past nearly every 4 KiB direct
-/// read of the project's machine (p99 ~110 µs).
-const DEFAULT_POLL: Duration = Duration::from_micros(200);
-
-impl Default for FileOptions {
-    fn default() -> FileOptions {
-        FileOptions {
-            offset: 0,
-            writable: false,
-            direct: true,
-            staged: true,
-            poll: DEFAULT_POLL,
-        }
-    }
-}
-
-impl FileOptions {
-    /// Offset 0, read-only, direct I/O.
-    pub fn new() -> FileOptions {
-        FileOptions::default()
-    }
-
-    /// Direct I/O (the default): a page is read from the device straight
-    /// into its frame and written back from it, so the file's data is in
-    /// memory once, in faultline's budget, and not a second time in the
-    /// page cache (which counts against the program's memory cgroup). Where
-    /// the file system has no `O_DIRECT`, or a transfer is not 4 KiB
-    /// aligned (a region offset that is not a multiple of 4 KiB), the store
-    /// uses buffered I/O instead; [`File::is_direct`] says which it got.
-    /// Off (`false`): buffered I/O, with the kernel's own read-ahead started
-    /// ahead of a sequential stream, and file pages cached by the kernel as
-    /// well as by faultline.
-    pub fn direct(mut self, direct: bool) -> FileOptions {
-        self.direct = direct;
-        self
-    }
-
-    /// Staged direct reads (the default): a direct read of 64 KiB to 1 MiB
-    /// (a read-ahead run) lands in a 2 MiB huge page of the store's, made
-    /// on first use, and is copied into the frames from there; other reads
-    /// go straight into the frames. A disk that pays per scatter segment
-    /// (virtio) reads a physically contiguous buffer about twice as fast as
-    /// frames, which are scattered 4 KiB pages; the copy costs far less.
-    /// The budget pays for the 2 MiB once it is made
-    /// ([`Store::own_memory`]). Off (`false`): every direct read goes
-    /// straight into the frames.
-    pub fn staged(mut self, staged: bool) -> FileOptions {
-        self.staged = staged;
-        self
-    }
-
-    /// Polled direct reads: a thread waiting for a short direct read (up
-    /// to 32 KiB: a fault's page; read-ahead runs sleep) submits it on its
-    /// own `io_uring` and polls for the
-    /// completion for up to `spin` before it sleeps, instead of sleeping in
-    /// `pread` at once. On a virtual machine whose idle vCPUs halt, waking a
-    /// sleeping reader costs tens of µs of the host's; polling keeps the
-    /// vCPU running (random 4 KiB faults 8–36% faster measured on the
-    /// project's machine where a CPU was to spare, level or ~5% slower
-    /// where none was: docs/design.md "Polled reads"), and costs the CPU
-    /// the poll burns: at most `spin` per read. `Duration::ZERO`: plain
-    /// `pread`, sleeping. Buffered reads are never polled.
-    pub fn poll(mut self, spin: Duration) -> FileOptions {
-        self.poll = spin;
-        self
-    }
-
-    /// Sets the byte offset of the region's first page in the file.
-    pub fn offset(mut self, offset: u64) -> FileOptions {
-        self.offset = offset;
-        self
-    }
-
-    /// Opens read-write, so the region's writes go back to the file.
-    pub fn writable(mut self, writable: bool) -> FileOptions {
-        self.writable = writable;
-        self
-    }
-}
 
 impl File {
     /// Opens `path` with `opts`.
@@ -251,9 +151,21 @@ impl File {
     /// Reads into `buf` from byte `at`; zeros past the end of the file.
     /// Direct where it may be, buffered for the rest (a direct read that
     /// the kernel refuses part-way, `EINVAL` after a short read, is
-    /// finished buffered). `page` names the first page, for errors.
-    fn read_at(&self, page: u64, at: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    /// finished buffered). `page` names the first page, for errors. Each
+    /// page of `page_size` bytes goes to `landed` once its bytes are final
+    /// ([`Store::read_pages_each`]): a staged page as soon as it is copied
+    /// into `buf`, the others at the end.
+    fn read_at(
+        &self,
+        page: u64,
+        at: u64,
+        buf: &mut [u8],
+        page_size: usize,
+        landed: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
         let (mut done, mut eof) = (0, false);
+        // Pages already handed to `landed`, from the first.
+        let mut handed = 0;
         if let Some(d) = self.direct_for(at, buf.as_ptr(), buf.len()) {
             let spin = Some(self.spin(buf.len()));
             let half = self.staging.as_ref().and_then(|s| s.take(buf.len()));
@@ -261,7 +173,16 @@ impl File {
                 Some(mut half) => {
                     let staged = half.bytes();
                     let (n, eof) = pread_all(d, page, at, staged, spin)?;
-                    buf[..n].copy_from_slice(&staged[..n]);
+                    // A page at a time, each handed over while its bytes
+                    // are in the cache the copy left them in.
+                    let whole = n / page_size * page_size;
+                    let pages = buf[..whole].chunks_mut(page_size);
+                    for (i, (to, from)) in pages.zip(staged.chunks(page_size)).enumerate() {
+                        to.copy_from_slice(from);
+                        landed(i, to);
+                    }
+                    handed = whole / page_size;
+                    buf[whole..n].copy_from_slice(&staged[whole..n]);
                     (n, eof)
                 }
                 None => pread_all(d, page, at, buf, spin)?,
@@ -272,6 +193,9 @@ impl File {
         }
         // Past the end of the file: zeros.
         crate::memops::clear_rep_stosb(&mut buf[done..]);
+        for (i, bytes) in buf.chunks(page_size).enumerate().skip(handed) {
+            landed(i, bytes);
+        }
         Ok(())
     }
 }
@@ -320,12 +244,28 @@ impl Store for File {
     }
 
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.read_at(first, self.at(first, page_size), buf)
+        self.read_at(
+            first,
+            self.at(first, page_size),
+            buf,
+            page_size,
+            &mut |_, _| {},
+        )
+    }
+
+    fn read_pages_each(
+        &self,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+        landed: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        self.read_at(first, self.at(first, page_size), buf, page_size, landed)
     }
 
     fn read(&self, page: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let at = self.at(page, buf.len());
-        self.read_at(page, at, buf)
+        let (at, len) = (self.at(page, buf.len()), buf.len());
+        self.read_at(page, at, buf, len, &mut |_, _| {})
     }
 
     fn will_read(&self, first: u64, pages: usize, page_size: usize) {
@@ -541,6 +481,59 @@ mod tests {
             for &(p, bytes) in &pages {
                 let at = p as usize * 4096;
                 assert!(back[at..at + 4096] == *bytes, "page {p}, direct {direct}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `read_pages_each` hands over every page once, in order, with its
+    /// final bytes — staged or not, direct or buffered, and across the end
+    /// of the file (a page cut by it, zeros after).
+    #[test]
+    fn read_pages_each_hands_over_each_page_with_its_final_bytes() {
+        let dir = std::env::temp_dir().join(format!("faultline-each-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        let len = 300 * 4096 + 100;
+        let content: Vec<u8> = (0..len).map(|i| (i / 4096 * 31 + i % 251) as u8).collect();
+        std::fs::write(&path, &content).expect("write");
+        let expected = |page: usize| -> Vec<u8> {
+            (page * 4096..(page + 1) * 4096)
+                .map(|i| content.get(i).copied().unwrap_or(0))
+                .collect()
+        };
+        let m = aligned_pages(256);
+        for (direct, staged) in [(true, true), (true, false), (false, false)] {
+            let opts = FileOptions::new().direct(direct).staged(staged);
+            let f = File::open(&path, opts).expect("open");
+            // A staged run across the end of the file, a staged run
+            // inside it, and one page.
+            for (first, n) in [(100usize, 256usize), (0, 64), (299, 1), (300, 1)] {
+                // SAFETY: the mapping is this test's own, live for the test.
+                let buf = unsafe { std::slice::from_raw_parts_mut(m.addr() as *mut u8, n * 4096) };
+                buf.fill(0xEE);
+                let mut seen = Vec::new();
+                f.read_pages_each(first as u64, 4096, buf, &mut |i, page| {
+                    seen.push((i, crate::dirty::fingerprint(page)));
+                })
+                .expect("read");
+                let want: Vec<_> = (0..n)
+                    .map(|i| (i, crate::dirty::fingerprint(&expected(first + i))))
+                    .collect();
+                let case = format!("direct {direct}, staged {staged}, pages {first}+{n}");
+                assert!(seen == want, "{case}: pages handed over");
+                if staged && n > 1 {
+                    assert!(
+                        f.own_memory() > 0,
+                        "{case}: no staging page (transparent huge pages are needed)"
+                    );
+                }
+                for i in 0..n {
+                    assert!(
+                        buf[i * 4096..][..4096] == expected(first + i),
+                        "{case}: page {i}"
+                    );
+                }
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
