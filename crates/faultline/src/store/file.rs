@@ -6,7 +6,9 @@
 //! buffered `pread`/`pwrite` otherwise (then read-ahead hints go to the
 //! kernel, `posix_fadvise(WILLNEED)`). A long direct read (a read-ahead
 //! run) lands in a huge page first and is copied into its frames from
-//! there (`staging.rs`: one scatter segment instead of hundreds). A
+//! there (`staging.rs`: one scatter segment instead of hundreds), a page
+//! at a time, each handed to [`Store::read_pages_each`]'s caller right
+//! after its copy, while it is in the cache. A
 //! thread waiting for a short direct read (a fault's page) polls for its
 //! completion on its own `io_uring` for up to [`FileOptions::poll`] before
 //! it sleeps (`faultline_sys::io`); long reads sleep at once. `fsync`
