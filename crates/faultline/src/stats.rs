@@ -63,7 +63,8 @@ pub struct Stats {
     pub(crate) spare_serves: AtomicU64,
     pub(crate) errors_dropped: AtomicU64,
     pub(crate) copy_chunks_helped: AtomicU64,
-    /// Store reads on the fault path (fills), timed.
+    /// Store reads on the fault path (fills), timed, with their pages'
+    /// fingerprints.
     pub(crate) store_reads: LogHist,
     /// Store writes (write-back), timed.
     pub(crate) store_writes: LogHist,
@@ -484,7 +485,8 @@ pub struct StatsSnapshot {
     /// Worker service time per fault.
     pub service: LatencySummary,
     /// Store reads on the fault path (fills from the store), per call
-    /// (percentiles within 12.5%).
+    /// (percentiles within 12.5%), with the fill's fingerprint of each
+    /// page, taken as the store hands it over (`Store::read_pages_each`).
     pub store_reads: LatencySummary,
     /// Store writes (write-back), per call (percentiles within 12.5%).
     pub store_writes: LatencySummary,

@@ -7,8 +7,9 @@
 //! (`locks.rs`) → `resolve.rs: resolve` dispatches on the page's state →
 //! `unit.rs: take` chooses the unit (page, fault-around window, read-ahead
 //! run) and takes its frame (`reclaim.rs: alloc`, reclaiming if none is
-//! free) → `resolve.rs: fill_unit` (`fill.rs: fill`: zeros in the
-//! configured order, or the store's bytes) → `resolve.rs: map_in` records
+//! free) → `unit.rs: fill_frame` (`fill.rs: fill_zeros` in the configured
+//! order, or `fill_from_store`: the store's bytes, each page fingerprinted
+//! as the store hands it over) → `resolve.rs: map_in` records
 //! the pages resident and moves the frame in (`pagemove: move_in`, which
 //! wakes the faulting threads) → unlock.
 //!

@@ -152,39 +152,18 @@ pub(super) fn fill_frame(
     // A write fault's pages (and a writing stream's window) go in without
     // fingerprints: dirty from the fill. Hashing them only for the write
     // to make the hash stale cost a sequential writer 6% of its rate
-    // (measurements.md §26). Other fills of a writable region hash each
-    // page as the store hands it over (`Store::read_pages_each`): a page
-    // the store just copied is hashed from the cache (measurements.md §27).
+    // (measurements.md §26).
     let hashed = region.tracks_dirt() && !how.dirties;
-    // 0: not handed over (a real fingerprint is never 0).
-    let mut fps = vec![0u128; if hashed { u.count } else { 0 }];
-    // Fingerprints the pages handed over, if `hashed`.
-    let mut take = |i: usize, page: &[u8]| {
-        if let Some(fp) = fps.get_mut(i) {
-            *fp = crate::dirty::fingerprint(page);
-        }
-    };
     let filled = if region.store.is_zero() {
         let order = core.config.experiment.fill_order;
         // SAFETY: `u.frame` was just allocated (or taken from the
         // pre-zeroed reserve), so this worker owns it.
-        Ok(unsafe { fill::fill_zeros(&core.pool, &mut u.frame, target, order) })
+        let source = unsafe { fill::fill_zeros(&core.pool, &mut u.frame, target, order) };
+        Ok((source, Vec::new()))
     } else {
-        let store = region.store.as_ref();
-        // SAFETY: as above.
-        unsafe {
-            fill::fill_from_store(
-                &core.pool,
-                &mut u.frame,
-                store,
-                u.first as u64,
-                unit,
-                &mut take,
-            )
-        }
-        .map(|()| FillSource::Store)
+        read_store(core, region, u, hashed).map(|fps| (FillSource::Store, fps))
     };
-    let source = filled.map_err(|source| FaultError::Store {
+    let (source, fps) = filled.map_err(|source| FaultError::Store {
         addr: region.page_addr(page),
         source,
     })?;
@@ -209,6 +188,35 @@ pub(super) fn fill_frame(
         }
     }
     Ok(source)
+}
+
+/// Reads the unit's pages from the store into its frame (which this
+/// worker owns, in flight); with `hashed`, the fingerprint of each page as
+/// the store hands it over (`Store::read_pages_each`: a page the store
+/// just copied is hashed from the cache, measurements.md §27), 0 for a
+/// page not handed over. Only a page that is page `i` of this frame is
+/// hashed: bytes a store hands over from elsewhere (its own cache) give
+/// the page no fingerprint, so it counts dirty.
+fn read_store(
+    core: &Core,
+    region: &RegionInner,
+    u: &mut Unit,
+    hashed: bool,
+) -> Result<Vec<u128>, crate::store::StoreError> {
+    let unit = region.page_size.bytes();
+    // 0: not handed over (a real fingerprint is never 0).
+    let mut fps = vec![0u128; if hashed { u.count } else { 0 }];
+    let frame_at = core.pool.addr_of(&u.frame);
+    let mut hash_page = |i: usize, page: &[u8]| {
+        let this_frame = page.len() == unit && page.as_ptr() as usize == frame_at + i * unit;
+        if let (Some(fp), true) = (fps.get_mut(i), this_frame) {
+            *fp = crate::dirty::fingerprint(page);
+        }
+    };
+    let (store, first) = (region.store.as_ref(), u.first as u64);
+    // SAFETY: the frame is in flight with this worker (the caller's).
+    unsafe { fill::fill_from_store(&core.pool, &mut u.frame, store, first, unit, &mut hash_page) }?;
+    Ok(fps)
 }
 
 /// The fault-around window `(first, count)` if it applies: a zero-filled
