@@ -138,18 +138,7 @@ impl Store for PrivateFile {
     }
 
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
-        let n = (buf.len() / page_size) as u64;
-        if let Some(f) = self
-            .file
-            .as_ref()
-            .filter(|_| !(first..first + n).any(|p| self.backing.holds(p)))
-        {
-            return f.read_pages(first, page_size, buf);
-        }
-        for (i, chunk) in buf.chunks_mut(page_size).enumerate() {
-            self.read(first + i as u64, chunk)?;
-        }
-        Ok(())
+        self.read_pages_each(first, page_size, buf, &mut |_, _| {})
     }
 
     fn read_pages_each(
@@ -167,10 +156,11 @@ impl Store for PrivateFile {
         {
             return f.read_pages_each(first, page_size, buf, landed);
         }
-        self.read_pages(first, page_size, buf)?;
-        buf.chunks(page_size)
-            .enumerate()
-            .for_each(|(i, page)| landed(i, page));
+        // Some page is the overlay's: page by page.
+        for (i, chunk) in buf.chunks_mut(page_size).enumerate() {
+            self.read(first + i as u64, chunk)?;
+            landed(i, chunk);
+        }
         Ok(())
     }
 

@@ -252,13 +252,7 @@ impl Store for File {
     }
 
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.read_at(
-            first,
-            self.at(first, page_size),
-            buf,
-            page_size,
-            &mut |_, _| {},
-        )
+        self.read_pages_each(first, page_size, buf, &mut |_, _| {})
     }
 
     fn read_pages_each(

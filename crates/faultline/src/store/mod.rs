@@ -324,11 +324,7 @@ impl<S: Store> Store for Delayed<S> {
     }
 
     fn read_pages(&self, first: u64, page_size: usize, buf: &mut [u8]) -> Result<(), StoreError> {
-        // One latency for the run, as one request to a remote store.
-        if !self.latency.is_zero() {
-            std::thread::sleep(self.latency);
-        }
-        self.inner.read_pages(first, page_size, buf)
+        self.read_pages_each(first, page_size, buf, &mut |_, _| {})
     }
 
     fn read_pages_each(
@@ -338,7 +334,7 @@ impl<S: Store> Store for Delayed<S> {
         buf: &mut [u8],
         landed: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<(), StoreError> {
-        // As `read_pages`.
+        // One latency for the run, as one request to a remote store.
         if !self.latency.is_zero() {
             std::thread::sleep(self.latency);
         }
