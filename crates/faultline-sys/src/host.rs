@@ -1,5 +1,6 @@
 //! Facts about the machine: physical memory, the transparent huge page mode,
-//! the CPU the calling thread runs on, and a cycle counter; plus the few
+//! the CPU the calling thread runs on, the CPUs' idle time, and a cycle
+//! counter; plus the few
 //! file calls the benchmarks' baselines need (read-ahead, `O_DIRECT`).
 //! Read-only, no locks, no state.
 
@@ -150,6 +151,38 @@ pub fn thread_id() -> u32 {
 /// Number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Time the machine's CPUs have spent idle since boot, summed over all of
+/// them (`/proc/stat`'s idle, machine-wide; not iowait, the idle time of a
+/// CPU whose task sleeps on I/O): `None` where it cannot be read. Two
+/// readings apart by `t` differ by `t` times the CPUs that stood idle on
+/// average between them.
+pub fn cpu_idle_time() -> Option<std::time::Duration> {
+    use std::io::Read;
+    let mut buf = [0u8; 256];
+    let n = std::fs::File::open("/proc/stat")
+        .ok()?
+        .read(&mut buf)
+        .ok()?;
+    let ticks = idle_ticks(&buf[..n])?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
+    Some(std::time::Duration::from_nanos(
+        ticks.saturating_mul(1_000_000_000) / hz,
+    ))
+}
+
+/// Idle ticks from `/proc/stat`'s first line (`cpu  user nice system
+/// idle iowait ...`).
+fn idle_ticks(stat: &[u8]) -> Option<u64> {
+    let line = std::str::from_utf8(stat).ok()?.lines().next()?;
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    fields.nth(3)?.parse().ok()
 }
 
 /// The CPUs the calling thread may run on (its affinity mask,
@@ -393,5 +426,16 @@ mod tests {
         assert!(b >= a);
         let nodes = numa_nodes();
         assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
+        let idle = cpu_idle_time().expect("/proc/stat readable");
+        assert!(cpu_idle_time().expect("/proc/stat readable") >= idle);
+    }
+
+    #[test]
+    fn idle_ticks_are_the_fourth_figure_of_the_first_line() {
+        let stat = b"cpu  4705 150 1120 16250 520 0 45 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        assert_eq!(idle_ticks(stat), Some(16250));
+        assert_eq!(idle_ticks(b"cpu0 1 2 3 4 5\n"), None);
+        assert_eq!(idle_ticks(b"cpu  1 2 3\n"), None);
+        assert_eq!(idle_ticks(b""), None);
     }
 }

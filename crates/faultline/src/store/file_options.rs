@@ -84,11 +84,15 @@ impl FileOptions {
     /// completion for up to `spin` before it sleeps, instead of sleeping in
     /// `pread` at once. On a virtual machine whose idle vCPUs halt, waking a
     /// sleeping reader costs tens of µs of the host's; polling keeps the
-    /// vCPU running (random 4 KiB faults 8–36% faster measured on the
-    /// project's machine where a CPU was to spare, level or ~5% slower
-    /// where none was: docs/design.md "Polled reads"), and costs the CPU
-    /// the poll burns: at most `spin` per read. `Duration::ZERO`: plain
-    /// `pread`, sleeping. Buffered reads are never polled.
+    /// vCPU running (random 4 KiB faults 7–36% faster measured on the
+    /// project's machines where a CPU was to spare), and costs the CPU the
+    /// poll burns: at most `spin` per read. Where the program's threads
+    /// keep every CPU busy that CPU is worth more than the wake-up (5–25%
+    /// slower measured), so a read polls only while the machine has had a
+    /// CPU to spare, and at most half the CPUs poll at once; other reads
+    /// sleep in `pread` (docs/design.md, "Polled reads").
+    /// `Duration::ZERO`: plain `pread`, sleeping, always. Buffered reads
+    /// are never polled.
     pub fn poll(mut self, spin: Duration) -> FileOptions {
         self.poll = spin;
         self

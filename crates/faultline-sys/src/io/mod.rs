@@ -30,9 +30,10 @@
 use std::cell::RefCell;
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+mod pollers;
+use pollers::Poller;
 
 /// This thread's ring: not tried yet, made, or refused by the kernel.
 enum Ring {
@@ -53,7 +54,9 @@ const ENTRIES: u32 = 32;
 /// `pread(2)`: returns the bytes read (0 at the end of the file) or the
 /// read's error. With `spin > 0` the read goes through this thread's
 /// `io_uring`, polled for up to `spin` before the thread sleeps; with
-/// `spin == 0`, or where no ring can be had, it is a plain `pread`.
+/// `spin == 0`, where polling is not allowed now (at most half the CPUs
+/// poll, and only while the machine has a CPU to spare: `pollers.rs`), or
+/// where no ring can be had, it is a plain `pread`.
 ///
 /// # Errors
 /// The read's own error (`EIO`, `EINVAL` for a direct read the kernel
@@ -67,13 +70,17 @@ pub fn read_at(
     if spin.is_zero() {
         return pread(fd, buf, offset);
     }
+    // No place among the pollers (`pollers.rs`): a plain read, sleeping.
+    let Some(poller) = Poller::enter() else {
+        return pread(fd, buf, offset);
+    };
     RING.with(|cell| {
         let Ok(mut ring) = cell.try_borrow_mut() else {
             return pread(fd, buf, offset);
         };
         make(&mut ring);
         let done = match &mut *ring {
-            Ring::Ready(r) => polled(r, fd, buf, offset, spin),
+            Ring::Ready(r) => polled(r, fd, buf, offset, spin, poller),
             _ => None,
         };
         done.unwrap_or_else(|| {
@@ -266,45 +273,16 @@ fn retried(mut call: impl FnMut() -> isize) -> std::io::Result<usize> {
     }
 }
 
-/// Threads polling right now, process-wide.
-static POLLERS: AtomicUsize = AtomicUsize::new(0);
-
-/// A place among the pollers, if one is free: at most half the CPUs poll
-/// at once (at least one), so a poll never takes the last CPU from the
-/// threads that have work (and keeps TLB-flush IPIs off the others).
-struct Poller;
-
-impl Poller {
-    fn enter() -> Option<Poller> {
-        static LIMIT: OnceLock<usize> = OnceLock::new();
-        let limit = *LIMIT.get_or_init(|| (crate::host::online_cpus() / 2).max(1));
-        // Relaxed: a count, guarding no data.
-        let mut cur = POLLERS.load(Ordering::Relaxed);
-        while cur < limit {
-            match POLLERS.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(Poller),
-                Err(now) => cur = now,
-            }
-        }
-        None
-    }
-}
-
-impl Drop for Poller {
-    fn drop(&mut self) {
-        POLLERS.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// One read on `ring`, polled for up to `spin`, then waited for; `None`
-/// when the ring would not take it (nothing is in flight then).
+/// One read on `ring`, polled for up to `spin` holding `poller`'s place,
+/// then waited for; `None` when the ring would not take it (nothing is in
+/// flight then).
 fn polled(
     ring: &mut io_uring::IoUring,
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
     offset: u64,
     spin: Duration,
+    poller: Poller,
 ) -> Option<std::io::Result<usize>> {
     // Read at most what one request may carry (u32 bytes); the caller loops.
     let len = buf.len().min(u32::MAX as usize & !4095) as u32;
@@ -320,7 +298,7 @@ fn polled(
     if unsafe { ring.submission().push(&sqe) }.is_err() || !submit(ring) {
         return None;
     }
-    let res = reap(ring, spin);
+    let res = reap(ring, spin, poller);
     Some(if res < 0 {
         Err(std::io::Error::from_raw_os_error(-res))
     } else {
@@ -352,14 +330,8 @@ fn submit(ring: &mut io_uring::IoUring) -> bool {
 
 /// Waits for the one completion: spins on the queue for up to `spin`, then
 /// sleeps in the kernel. Returns its result (bytes, or a negated errno).
-fn reap(ring: &mut io_uring::IoUring, spin: Duration) -> i32 {
-    // No place among the pollers: the read sleeps at once.
-    let mut poller = Poller::enter();
-    let spin = if poller.is_some() {
-        spin
-    } else {
-        Duration::ZERO
-    };
+fn reap(ring: &mut io_uring::IoUring, spin: Duration, poller: Poller) -> i32 {
+    let mut poller = Some(poller);
     let started = Instant::now();
     let mut polls = 0u32;
     loop {
