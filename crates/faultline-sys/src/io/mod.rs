@@ -74,6 +74,18 @@ pub fn read_at(
     let Some(poller) = Poller::enter() else {
         return pread(fd, buf, offset);
     };
+    read_on_ring(fd, buf, offset, spin, poller)
+}
+
+/// [`read_at`] with a place among the pollers: on this thread's ring,
+/// or with `pread` where it has none.
+fn read_on_ring(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    offset: u64,
+    spin: Duration,
+    poller: Poller,
+) -> std::io::Result<usize> {
     RING.with(|cell| {
         let Ok(mut ring) = cell.try_borrow_mut() else {
             return pread(fd, buf, offset);
@@ -367,14 +379,22 @@ mod tests {
             .and_then(|mut f| f.write_all(&data))
             .expect("write");
         let f = std::fs::File::open(&path).expect("open");
-        for spin in [Duration::ZERO, Duration::from_micros(200)] {
+        // Plain, as the gate allows, and on the ring whatever it says.
+        let spin = Duration::from_micros(200);
+        type Read<'a> = &'a dyn Fn(&mut [u8], u64) -> std::io::Result<usize>;
+        let ways: [Read; 3] = [
+            &|buf, at| read_at(f.as_fd(), buf, at, Duration::ZERO),
+            &|buf, at| read_at(f.as_fd(), buf, at, spin),
+            &|buf, at| read_on_ring(f.as_fd(), buf, at, spin, Poller::ungated()),
+        ];
+        for (way, read) in ways.iter().enumerate() {
             let mut buf = vec![0u8; 4096];
-            let n = read_at(f.as_fd(), &mut buf, 4096, spin).expect("read");
-            assert_eq!((n, &buf[..]), (4096, &data[4096..8192]), "spin {spin:?}");
-            let n = read_at(f.as_fd(), &mut buf, 3 * 4096, spin).expect("tail");
-            assert_eq!((n, &buf[..n]), (100, &data[3 * 4096..]), "spin {spin:?}");
-            let n = read_at(f.as_fd(), &mut buf, 1 << 20, spin).expect("past the end");
-            assert_eq!(n, 0, "spin {spin:?}");
+            let n = read(&mut buf, 4096).expect("read");
+            assert_eq!((n, &buf[..]), (4096, &data[4096..8192]), "way {way}");
+            let n = read(&mut buf, 3 * 4096).expect("tail");
+            assert_eq!((n, &buf[..n]), (100, &data[3 * 4096..]), "way {way}");
+            let n = read(&mut buf, 1 << 20).expect("past the end");
+            assert_eq!(n, 0, "way {way}");
         }
         let _ = std::fs::remove_file(&path);
     }
@@ -400,8 +420,9 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
-    /// Eight threads at once, each with its own ring, most of them past
-    /// the pollers' limit (sleeping): every read gets its own bytes.
+    /// Eight threads at once, each with its own ring, every other read
+    /// polled on it whatever the pollers' rules say, the others as they
+    /// allow: every read gets its own bytes.
     #[test]
     fn concurrent_polled_reads_get_their_own_bytes() {
         let path = std::env::temp_dir().join(format!("faultline-sys-io-cc-{}", std::process::id()));
@@ -418,12 +439,12 @@ mod tests {
                     let mut buf = vec![0u8; 4096];
                     for i in 0..200 {
                         let p = (t * 7 + i * 13) % pages;
-                        let n = read_at(
-                            f.as_fd(),
-                            &mut buf,
-                            (p * 4096) as u64,
-                            Duration::from_micros(200),
-                        )
+                        let (at, spin) = ((p * 4096) as u64, Duration::from_micros(200));
+                        let n = if i % 2 == 0 {
+                            read_on_ring(f.as_fd(), &mut buf, at, spin, Poller::ungated())
+                        } else {
+                            read_at(f.as_fd(), &mut buf, at, spin)
+                        }
                         .expect("read");
                         assert_eq!(n, 4096);
                         assert!(
