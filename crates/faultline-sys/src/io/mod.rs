@@ -12,7 +12,11 @@
 //! running: random 4 KiB `O_DIRECT` reads measured 41 µs polled against
 //! 57–72 µs slept on this project's machine (docs/measurements.md, "Polled
 //! reads"). The cost is the CPU the poll burns while the read is in flight,
-//! bounded by the caller's `spin`.
+//! bounded by the caller's `spin` — and, where the program's threads keep
+//! every CPU busy, more than the poll saves: so a read polls only with a
+//! place among the pollers (`pollers.rs`: at most half the CPUs, and only
+//! while the machine has had a CPU to spare), and otherwise is a plain
+//! `pread`.
 //!
 //! Why batches: a device serves many requests in flight faster than one at
 //! a time (the project's virtual disk: 15k random 4 KiB writes/s one at a
@@ -70,37 +74,40 @@ pub fn read_at(
     if spin.is_zero() {
         return pread(fd, buf, offset);
     }
-    // No place among the pollers (`pollers.rs`): a plain read, sleeping.
-    let Some(poller) = Poller::enter() else {
-        return pread(fd, buf, offset);
-    };
-    read_on_ring(fd, buf, offset, spin, poller)
+    read_on_ring(fd, buf, offset, spin, Poller::enter)
 }
 
-/// [`read_at`] with a place among the pollers: on this thread's ring,
-/// or with `pread` where it has none.
+/// [`read_at`] with `spin > 0`: on this thread's ring if it has one and
+/// `place` gives a place among the pollers, else with `pread`.
 fn read_on_ring(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
     offset: u64,
     spin: Duration,
-    poller: Poller,
+    place: impl FnOnce() -> Option<Poller>,
 ) -> std::io::Result<usize> {
     RING.with(|cell| {
         let Ok(mut ring) = cell.try_borrow_mut() else {
             return pread(fd, buf, offset);
         };
         make(&mut ring);
-        let done = match &mut *ring {
-            Ring::Ready(r) => polled(r, fd, buf, offset, spin, poller),
-            _ => None,
+        let Ring::Ready(r) = &mut *ring else {
+            return pread(fd, buf, offset);
         };
-        done.unwrap_or_else(|| {
-            // No ring, or it failed to submit: plain reads from now on
-            // (dropping the ring closes it; nothing of ours is in flight).
-            *ring = Ring::Unavailable;
-            pread(fd, buf, offset)
-        })
+        // No place among the pollers (`pollers.rs`): a plain read,
+        // sleeping.
+        let Some(poller) = place() else {
+            return pread(fd, buf, offset);
+        };
+        match polled(r, fd, buf, offset, spin, poller) {
+            Some(done) => done,
+            None => {
+                // It failed to submit: plain reads from now on (dropping
+                // the ring closes it; nothing of ours is in flight).
+                *ring = Ring::Unavailable;
+                pread(fd, buf, offset)
+            }
+        }
     })
 }
 
@@ -385,7 +392,7 @@ mod tests {
         let ways: [Read; 3] = [
             &|buf, at| read_at(f.as_fd(), buf, at, Duration::ZERO),
             &|buf, at| read_at(f.as_fd(), buf, at, spin),
-            &|buf, at| read_on_ring(f.as_fd(), buf, at, spin, Poller::ungated()),
+            &|buf, at| read_on_ring(f.as_fd(), buf, at, spin, || Some(Poller::ungated())),
         ];
         for (way, read) in ways.iter().enumerate() {
             let mut buf = vec![0u8; 4096];
@@ -441,7 +448,7 @@ mod tests {
                         let p = (t * 7 + i * 13) % pages;
                         let (at, spin) = ((p * 4096) as u64, Duration::from_micros(200));
                         let n = if i % 2 == 0 {
-                            read_on_ring(f.as_fd(), &mut buf, at, spin, Poller::ungated())
+                            read_on_ring(f.as_fd(), &mut buf, at, spin, || Some(Poller::ungated()))
                         } else {
                             read_at(f.as_fd(), &mut buf, at, spin)
                         }

@@ -87,7 +87,7 @@ impl FileOptions {
     /// vCPU running (random 4 KiB faults 7–36% faster measured on the
     /// project's machines where a CPU was to spare), and costs the CPU the
     /// poll burns: at most `spin` per read. Where the program's threads
-    /// keep every CPU busy that CPU is worth more than the wake-up (5–25%
+    /// keep every CPU busy that CPU is worth more than the wake-up (2–18%
     /// slower measured), so a read polls only while the machine has had a
     /// CPU to spare, and at most half the CPUs poll at once; other reads
     /// sleep in `pread` (docs/design.md, "Polled reads").
