@@ -125,12 +125,17 @@ pub struct Hierarchy {
     root: PathBuf,
 }
 
-/// Mount points of cgroup hierarchies in a mount table: the v1 `memory`
-/// controller's, and the unified (v2) hierarchy's.
+/// Mount points of cgroup hierarchies in a mount table: the v1 `memory`,
+/// `cpu` and `cpuacct` controllers', and the unified (v2) hierarchy's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Mounts {
     /// The v1 memory controller's mount point.
     pub v1_memory: Option<PathBuf>,
+    /// The v1 `cpu` controller's mount point (CPU quotas).
+    pub v1_cpu: Option<PathBuf>,
+    /// The v1 `cpuacct` controller's mount point (CPU usage; often the
+    /// same as `v1_cpu`'s).
+    pub v1_cpuacct: Option<PathBuf>,
     /// The cgroup2 mount point.
     pub v2: Option<PathBuf>,
 }
@@ -160,10 +165,16 @@ impl Mounts {
             let point = PathBuf::from(unescape(point));
             match fstype {
                 Some("cgroup2") if m.v2.is_none() => m.v2 = Some(point),
-                Some("cgroup")
-                    if m.v1_memory.is_none() && options.split(',').any(|o| o == "memory") =>
-                {
-                    m.v1_memory = Some(point)
+                Some("cgroup") => {
+                    for (controller, slot) in [
+                        ("memory", &mut m.v1_memory),
+                        ("cpu", &mut m.v1_cpu),
+                        ("cpuacct", &mut m.v1_cpuacct),
+                    ] {
+                        if slot.is_none() && options.split(',').any(|o| o == controller) {
+                            *slot = Some(point.clone());
+                        }
+                    }
                 }
                 _ => {}
             }
@@ -429,7 +440,7 @@ pub fn memory_dir(h: &Hierarchy, proc_cgroup: &str) -> Option<PathBuf> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A hybrid systemd layout (this project's usual machine), and a
@@ -454,6 +465,16 @@ mod tests {
             Some(Path::new("/sys/fs/cgroup/memory"))
         );
         assert_eq!(m.v2.as_deref(), Some(Path::new("/sys/fs/cgroup/unified")));
+        assert_eq!(m.v1_cpu.as_deref(), Some(Path::new("/sys/fs/cgroup/cpu")));
+        assert_eq!(m.v1_cpuacct, None);
+        let together =
+            "33 31 0:28 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n";
+        let m = Mounts::parse(together);
+        assert_eq!(m.v1_cpu, m.v1_cpuacct);
+        assert_eq!(
+            m.v1_cpu.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/cpu,cpuacct"))
+        );
         let m = Mounts::parse(V2_ONLY);
         assert_eq!(m.v1_memory, None);
         assert_eq!(m.v2.as_deref(), Some(Path::new("/sys/fs/cgroup")));
@@ -504,10 +525,12 @@ mod tests {
     }
 
     /// A scratch directory removed on drop, also when the test fails.
-    struct Scratch(PathBuf);
+    /// A directory of a test's own under the temporary directory, laid
+    /// out as a cgroup hierarchy; removed on drop.
+    pub(crate) struct Scratch(pub(crate) PathBuf);
 
     impl Scratch {
-        fn new(tag: &str) -> Scratch {
+        pub(crate) fn new(tag: &str) -> Scratch {
             let p = std::env::temp_dir()
                 .join(format!("faultline-sys-cgroup-{tag}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&p);
@@ -535,8 +558,8 @@ mod tests {
         .expect("layout");
         std::fs::write(root.0.join("cgroup.subtree_control"), "cpu\n").expect("layout");
         let mounts = Mounts {
-            v1_memory: None,
             v2: Some(root.0.clone()),
+            ..Mounts::default()
         };
         let h = Hierarchy::choose(&mounts).expect("v2 with memory");
         assert_eq!(h.version(), Version::V2);

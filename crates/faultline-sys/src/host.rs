@@ -1,5 +1,5 @@
 //! Facts about the machine: physical memory, the transparent huge page
-//! mode, the CPU the calling thread runs on, the CPUs' idle time, and a
+//! mode, the CPU the calling thread runs on, and a
 //! cycle counter; plus the few file calls the benchmarks' baselines need
 //! (read-ahead, `O_DIRECT`). Read-only, no locks, no state.
 
@@ -150,35 +150,6 @@ pub fn thread_id() -> u32 {
 /// Number of CPUs this process may run on.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// Time the machine's CPUs have spent idle since boot, summed over all of
-/// them (`/proc/uptime`'s second figure: idle only, not iowait, the idle
-/// time of a CPU whose task sleeps on I/O; 10 ms resolution; cheaper
-/// than `/proc/stat`'s, which sums every interrupt's counts too): `None`
-/// where it cannot be read. Two readings apart by
-/// `t` differ by `t` times the CPUs that stood idle on average between
-/// them.
-pub fn cpu_idle_time() -> Option<std::time::Duration> {
-    use std::io::Read;
-    let mut buf = [0u8; 64];
-    let n = std::fs::File::open("/proc/uptime")
-        .ok()?
-        .read(&mut buf)
-        .ok()?;
-    idle_of_uptime(&buf[..n])
-}
-
-/// The second figure of a `/proc/uptime` line (`"350735.47 234388.90"`:
-/// seconds, two decimals).
-fn idle_of_uptime(line: &[u8]) -> Option<std::time::Duration> {
-    let field = std::str::from_utf8(line).ok()?.split_whitespace().nth(1)?;
-    let (secs, centis) = field.split_once('.')?;
-    if centis.len() != 2 {
-        return None;
-    }
-    let (secs, centis): (u64, u64) = (secs.parse().ok()?, centis.parse().ok()?);
-    Some(std::time::Duration::from_secs(secs) + std::time::Duration::from_millis(centis * 10))
 }
 
 /// The CPUs the calling thread may run on (its affinity mask,
@@ -422,24 +393,5 @@ mod tests {
         assert!(b >= a);
         let nodes = numa_nodes();
         assert!(!nodes.is_empty() && nodes.windows(2).all(|w| w[0] < w[1]));
-        assert!(cpu_idle_time().is_some(), "/proc/uptime unreadable");
-    }
-
-    #[test]
-    fn idle_time_is_the_second_figure_of_uptime() {
-        let d = |s, ms| std::time::Duration::from_secs(s) + std::time::Duration::from_millis(ms);
-        assert_eq!(
-            idle_of_uptime(b"350735.47 234388.90\n"),
-            Some(d(234388, 900))
-        );
-        assert_eq!(idle_of_uptime(b"1.00 0.05\n"), Some(d(0, 50)));
-        // Past what a u64 of nanoseconds holds (584 years): still exact.
-        assert_eq!(
-            idle_of_uptime(b"1.00 99999999999.99\n"),
-            Some(d(99_999_999_999, 990))
-        );
-        assert_eq!(idle_of_uptime(b"350735.47\n"), None);
-        assert_eq!(idle_of_uptime(b"1.00 2.5\n"), None);
-        assert_eq!(idle_of_uptime(b""), None);
     }
 }

@@ -10,6 +10,9 @@
 //! - [`mem`]: anonymous mappings (an owning [`mem::Mapping`]), `madvise`.
 //! - [`host`]: facts about the machine (page size, physical memory, THP mode,
 //!   current CPU and the CPUs this process may use, cycle counter).
+//! - [`cpu_idle`]: how long the CPUs the calling thread may run on stood idle.
+//! - [`cpu_quota`]: the CPU quota over this process's cgroup, and how much of
+//!   it went unused.
 //! - [`cgroup`]: memory cgroups on v1 and v2 (where mounted, this process's,
 //!   a child with a limit for the benches).
 //! - [`interpose`]: for a library interposing libc's memory and file calls
@@ -28,6 +31,8 @@
 //! system call.
 
 pub mod cgroup;
+pub mod cpu_idle;
+pub mod cpu_quota;
 pub mod host;
 pub mod interpose;
 pub mod io;

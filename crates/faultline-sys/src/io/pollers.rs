@@ -1,6 +1,6 @@
 //! Who may poll for a read's completion ([`Poller`]): at most half the
-//! CPUs at once (at least one), and only while the machine has a CPU to
-//! spare.
+//! CPUs at once (at least one), and only while the CPUs the reader may run
+//! on have one to spare.
 //!
 //! Why the second rule: a poll keeps its CPU from everyone else. Where the
 //! program's threads keep every CPU busy, the threads woken meanwhile (the
@@ -10,31 +10,37 @@
 //! still waits less than a slept one (the project's 2-vCPU guest, two
 //! program threads: random reads 2–18% slower polled, while a polled read
 //! waited 52 µs and a slept one 107 µs; one thread: 7–16% faster polled;
-//! docs/measurements.md §28). So the rule looks at the machine, not at the
+//! docs/measurements.md §28). So the rule looks at the CPUs, not at the
 //! read: a window closes at the first read [`WINDOW`] or more after it
-//! began, and that reader reads how long the CPUs stood idle
-//! ([`host::cpu_idle_time`]: idle without iowait, which is the idle time
-//! of a CPU whose task sleeps on I/O — a reader's own CPU). Polling starts
-//! after two windows in a row in which the CPUs left at least [`START`] of
-//! a CPU idle on average while reads slept (one such window is often a
-//! burst: two program threads' runs opened on it 3 windows in 50, and
-//! lost 7% to them), and goes on while a window of polled reads still
-//! leaves [`KEEP`] (a poll takes some of the idle time it found). The first
-//! window of a process sleeps, and so does the first after a pause of
-//! more than two windows without reads (what a quiet spell left idle says
-//! nothing of the burst after it). Where the idle time cannot be read,
-//! only the first rule applies until it can.
+//! began, and that reader reads how long the CPUs it may run on stood idle
+//! ([`cpu_idle_time`]: its affinity mask's CPUs — the whole machine unless
+//! `taskset` or a cpuset narrows it — idle without iowait, which is the
+//! idle time of a CPU whose task sleeps on I/O: a reader's own CPU).
+//! Polling starts after two windows in a row in which those CPUs left at
+//! least [`START`] of a CPU idle on average while reads slept (one such
+//! window is often a burst: two program threads' runs opened on it 3
+//! windows in 51, and lost 7% to them), and goes on while a window of
+//! polled reads still leaves [`KEEP`] (a poll takes some of the idle time
+//! it found). The first window of a process sleeps, and so does the first
+//! after a pause of more than two windows without reads (what a quiet
+//! spell left idle says nothing of the burst after it). A window whose two
+//! readings sum different CPU sets (the thread that closed it runs under
+//! another mask than the one that opened it) decides nothing. Where the
+//! idle time cannot be read, only the first rule applies until it can.
 //!
-//! The idle time is machine-wide, the half-the-CPUs cap is the process's
-//! (its affinity and CPU quota): a process confined by `taskset`, a
-//! cpuset or a container that sees the host's `/proc` counts other CPUs'
-//! idle time, and only the cap bounds its polling.
+//! Where the process has a CPU quota (cgroup `cpu.max`, v1's CFS quota),
+//! what is to spare is also bounded by the quota's CPU time the cgroup left
+//! unused in the window ([`IdleTime::unused_quota`]): a process throttled
+//! by its quota while its CPUs stand idle sleeps. Not seen: threads
+//! pinned one to a CPU each read their own CPU only, busy or in iowait
+//! while they read, so they sleep.
 //!
 //! Invariant: [`POLLERS`] counts the live [`Poller`]s, and only
 //! [`Poller::enter`] (or `ungated`, in tests) makes one. No locks: relaxed
 //! atomics. They guard no data; a race between two readers closing a
 //! window skews one decision at most.
 
+use crate::cpu_idle::{cpu_idle_time, IdleTime};
 use crate::host;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -67,11 +73,11 @@ static GATE: Gate = Gate::new();
 pub(super) struct Poller(());
 
 impl Poller {
-    /// A place, if the machine had a CPU to spare in the last window and
+    /// A place, if the reader's CPUs had one to spare in the last window and
     /// fewer than half the CPUs poll.
     pub(super) fn enter() -> Option<Poller> {
         let now = epoch().elapsed().as_nanos() as u64;
-        if !GATE.allows(now, host::cpu_idle_time) {
+        if !GATE.allows(now, cpu_idle_time) {
             return None;
         }
         static LIMIT: OnceLock<usize> = OnceLock::new();
@@ -110,11 +116,17 @@ impl Drop for Poller {
 struct Gate {
     /// When the window began, plus 1 (0: no window open).
     began: AtomicU64,
-    /// The machine's idle time when it began, ns, wrapping (0: none read:
+    /// The CPUs' idle time when it began, ns, wrapping (0: none read:
     /// the window decides nothing when it closes).
     idle_then: AtomicU64,
+    /// Which CPUs `idle_then` sums ([`IdleTime::cpus`]).
+    cpus_then: AtomicU64,
+    /// The CPU quota left unused when it began ([`IdleTime::unused_quota`],
+    /// wrapping), if the reading had one (`quota_read`).
+    quota_then: AtomicU64,
+    quota_read: AtomicBool,
     /// Whether polling is allowed: the last window had a CPU to spare.
-    spare: AtomicBool,
+    allowed: AtomicBool,
     /// Whether the last window, its reads sleeping, had a CPU to spare
     /// (a second such window in a row starts polling).
     primed: AtomicBool,
@@ -127,7 +139,10 @@ impl Gate {
         Gate {
             began: AtomicU64::new(0),
             idle_then: AtomicU64::new(0),
-            spare: AtomicBool::new(false),
+            cpus_then: AtomicU64::new(0),
+            quota_then: AtomicU64::new(0),
+            quota_read: AtomicBool::new(false),
+            allowed: AtomicBool::new(false),
             primed: AtomicBool::new(false),
             ever_read: AtomicBool::new(false),
         }
@@ -136,7 +151,7 @@ impl Gate {
     /// Whether a read at `now` may poll. Closes the window first if it is
     /// [`WINDOW`] old (or opens the first): the one caller that wins it
     /// reads the idle time (`idle`) and decides for the next window.
-    fn allows(&self, now: u64, idle: impl FnOnce() -> Option<Duration>) -> bool {
+    fn allows(&self, now: u64, idle: impl FnOnce() -> Option<IdleTime>) -> bool {
         // Relaxed throughout: module docs.
         let began = self.began.load(Ordering::Relaxed);
         let age = now.saturating_sub(began.saturating_sub(1));
@@ -152,20 +167,25 @@ impl Gate {
                 );
             }
         }
-        self.spare.load(Ordering::Relaxed)
+        self.allowed.load(Ordering::Relaxed)
     }
 
-    /// Ends a window `age` ns long, the machine's idle time now being
-    /// `idle`: decides for the next one if `decide` (a window of reads,
-    /// not a pause) and the idle time was read at both ends.
-    fn close(&self, decide: bool, age: u64, idle: Option<Duration>) {
-        let Some(idle) = idle else {
+    /// Ends a window `age` ns long, the CPUs' idle time now being `idle`:
+    /// decides for the next one if `decide` (a window of reads, not a
+    /// pause) and the idle time of the same CPUs was read at both ends.
+    fn close(&self, decide: bool, age: u64, idle: Option<IdleTime>) {
+        let Some(IdleTime {
+            cpus,
+            idle,
+            unused_quota,
+        }) = idle
+        else {
             // Unreadable: polling as the cap allows if it never was
             // readable, else as last decided; the next reading starts a
             // fresh window.
             self.idle_then.store(0, Ordering::Relaxed);
             if !self.ever_read.load(Ordering::Relaxed) {
-                self.spare.store(true, Ordering::Relaxed);
+                self.allowed.store(true, Ordering::Relaxed);
             }
             return;
         };
@@ -174,16 +194,29 @@ impl Gate {
         // of CPU time idle, which a machine reaches in years, not windows).
         let idle = (idle.as_nanos() as u64).max(1);
         let then = self.idle_then.swap(idle, Ordering::Relaxed);
-        if decide && then != 0 {
-            let polling = self.spare.load(Ordering::Relaxed);
-            let idle = Duration::from_nanos(idle.wrapping_sub(then));
+        let same_cpus = self.cpus_then.swap(cpus, Ordering::Relaxed) == cpus;
+        let had_quota = self
+            .quota_read
+            .swap(unused_quota.is_some(), Ordering::Relaxed);
+        let quota_then = self
+            .quota_then
+            .swap(unused_quota.unwrap_or(0), Ordering::Relaxed);
+        let quota_then = had_quota.then_some(quota_then);
+        if decide && then != 0 && same_cpus && quota_then.is_some() == unused_quota.is_some() {
+            let polling = self.allowed.load(Ordering::Relaxed);
+            let mut idle = Duration::from_nanos(idle.wrapping_sub(then));
+            if let (Some(now), Some(then)) = (unused_quota, quota_then) {
+                // The quota's time left unused bounds what is to spare.
+                let left = now.wrapping_sub(then) as i64;
+                idle = idle.min(Duration::from_nanos(left.max(0) as u64));
+            }
             let spare_now = spare(Duration::from_nanos(age), idle, polling);
             // Sleeping, it takes two spare windows in a row to start.
             let primed = self.primed.swap(spare_now && !polling, Ordering::Relaxed);
-            let spare = spare_now && (polling || primed);
-            self.spare.store(spare, Ordering::Relaxed);
+            self.allowed
+                .store(spare_now && (polling || primed), Ordering::Relaxed);
         } else if !decide {
-            self.spare.store(false, Ordering::Relaxed);
+            self.allowed.store(false, Ordering::Relaxed);
             self.primed.store(false, Ordering::Relaxed);
         }
     }
@@ -230,13 +263,44 @@ mod tests {
         assert!(spare(Duration::MAX, Duration::MAX, false));
     }
 
-    /// A machine whose clock and idle time the tests move.
+    /// A machine whose clock and idle time the tests move; its readings
+    /// sum the CPU set `cpus`.
     struct Machine {
         ms: u64,
         idle: Duration,
+        cpus: u64,
+        /// The CPU quota's unused time (`None`: no quota), and how much of
+        /// each ms of it goes unused.
+        quota: Option<u64>,
+        quota_left_per_ms: Duration,
+    }
+
+    /// A reading of the whole machine.
+    fn whole(idle: Duration) -> Option<IdleTime> {
+        Some(IdleTime {
+            cpus: crate::cpu_idle::WHOLE_MACHINE,
+            idle,
+            unused_quota: None,
+        })
     }
 
     impl Machine {
+        /// A gate, and a machine with readings of set `cpus` and quota
+        /// counter `quota`; the gate's first window opened at 0 by a
+        /// reading of the whole machine.
+        fn started(cpus: u64, quota: Option<u64>) -> (Gate, Machine) {
+            let gate = Gate::new();
+            assert!(!gate.allows(0, || whole(MS(5))), "the first window sleeps");
+            let m = Machine {
+                ms: 0,
+                idle: MS(5),
+                cpus,
+                quota,
+                quota_left_per_ms: Duration::ZERO,
+            };
+            (gate, m)
+        }
+
         /// A read every ms for `ms` ms, the CPUs idle `idle_per_ms`
         /// (summed over them) each ms: whether the last read could poll.
         fn reads(&mut self, gate: &Gate, ms: u64, idle_per_ms: Duration) -> bool {
@@ -244,8 +308,14 @@ mod tests {
             for _ in 0..ms {
                 self.ms += 1;
                 self.idle += idle_per_ms;
-                let idle = self.idle;
-                allowed = gate.allows(self.ms * 1_000_000, || Some(idle));
+                let left = self.quota_left_per_ms.as_nanos() as u64;
+                self.quota = self.quota.map(|q| q.wrapping_add(left));
+                let reading = IdleTime {
+                    cpus: self.cpus,
+                    idle: self.idle,
+                    unused_quota: self.quota,
+                };
+                allowed = gate.allows(self.ms * 1_000_000, || Some(reading));
             }
             allowed
         }
@@ -253,12 +323,10 @@ mod tests {
 
     #[test]
     fn the_gate_opens_after_two_spare_windows_and_closes_after_a_busy_one() {
-        let gate = Gate::new();
-        let mut m = Machine { ms: 0, idle: MS(5) };
-        let us = Duration::from_micros;
         // Each `reads(200, ..)` is one window; its last read sees the
         // decision the window made. The first read opens the first window.
-        assert!(!gate.allows(0, || Some(MS(5))));
+        let (gate, mut m) = Machine::started(0, None);
+        let us = Duration::from_micros;
         // Two windows with 0.9 of a CPU idle open it (one does not), one
         // with 0.3 closes it.
         assert!(!m.reads(&gate, 200, us(900)));
@@ -277,10 +345,8 @@ mod tests {
 
     #[test]
     fn a_pause_starts_afresh_and_an_unreadable_machine_is_left_to_the_cap() {
-        let gate = Gate::new();
-        let mut m = Machine { ms: 0, idle: MS(5) };
+        let (gate, mut m) = Machine::started(0, None);
         let spare = Duration::from_micros(900);
-        assert!(!gate.allows(0, || Some(MS(5))));
         assert!(!m.reads(&gate, 200, spare));
         assert!(m.reads(&gate, 200, spare));
         // No read for a second, then one: that window decides nothing and
@@ -294,5 +360,58 @@ mod tests {
         let blind = Gate::new();
         assert!(blind.allows(0, || None));
         assert!(blind.allows(300_000_000, || None));
+    }
+
+    #[test]
+    fn readings_of_different_cpu_sets_decide_nothing() {
+        let (gate, mut m) = Machine::started(7, None);
+        let spare = Duration::from_micros(900);
+        // The first window began on the whole machine and ends on set 7:
+        // no decision; then two spare windows of set 7 open the gate.
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
+        // Set 8's since-boot idle time is far below set 7's: read as a
+        // difference it would wrap to centuries idle. Each change of set
+        // keeps the last decision, whatever the sums.
+        m.cpus = 8;
+        m.idle = MS(1);
+        assert!(m.reads(&gate, 200, Duration::ZERO));
+        m.cpus = 7;
+        m.idle = Duration::from_secs(1 << 40);
+        assert!(m.reads(&gate, 200, Duration::ZERO));
+        // Same set again: a busy window closes the gate, and set changes
+        // do not reopen it.
+        assert!(!m.reads(&gate, 200, Duration::ZERO));
+        m.cpus = 9;
+        assert!(!m.reads(&gate, 200, spare));
+        m.cpus = 7;
+        assert!(!m.reads(&gate, 200, spare));
+    }
+
+    #[test]
+    fn a_cpu_quota_used_up_leaves_nothing_to_spare() {
+        // The CPUs idle, the quota used to the last ns.
+        let (gate, mut m) = Machine::started(0, Some(3));
+        let spare = Duration::from_micros(900);
+        // Quota or none differ like two CPU sets: no decision.
+        assert!(!m.reads(&gate, 200, spare));
+        for _ in 0..3 {
+            assert!(!m.reads(&gate, 200, spare), "no quota left");
+        }
+        // The quota leaves 0.8 of a CPU unused, the CPUs 0.9: open.
+        m.quota_left_per_ms = Duration::from_micros(800);
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
+        // Under 1/2 of a CPU of quota unused closes it, CPUs idle or not;
+        // so does more used than the quota (a burst the period allowed,
+        // the counter wrapping below where it was).
+        m.quota_left_per_ms = Duration::from_micros(400);
+        assert!(!m.reads(&gate, 200, spare));
+        m.quota_left_per_ms = Duration::from_micros(800);
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
+        m.quota = m.quota.map(|q| q.wrapping_sub(1_000_000_000));
+        assert!(!m.reads(&gate, 200, spare));
     }
 }

@@ -1,0 +1,338 @@
+//! The tightest CPU quota over a cgroup and its ancestors, and how much of
+//! it the cgroup left unused ([`Quota`]): what a process under a quota
+//! (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`; a
+//! container's `--cpus`, a Kubernetes CPU limit) may still use, whatever
+//! the CPUs it may run on are doing.
+//!
+//! [`Quota::unused`] is a counter: the quota's CPU time up to now (its
+//! rate times a monotonic clock) less the cgroup's usage (v2 `cpu.stat`'s
+//! `usage_usec`, v1 `cpuacct.usage`). Two readings `t` apart differ by the
+//! quota's CPU time in `t` less what the cgroup used: the CPU time it could
+//! still have had. Of several quotas along the path to the root, the one
+//! with the fewest CPUs per second binds, and its cgroup's usage is the one
+//! read. On v1 the usage comes from the `cpuacct` controller at the same
+//! path as the binding `cpu` cgroup (one directory where they are mounted
+//! together, as systemd and Docker lay them out).
+//!
+//! Found once per process ([`Quota::of_this_process`], at first use: it
+//! allocates), read without allocating (a stack buffer; a read may be a
+//! fault served in a SIGBUS handler). A process moved to another cgroup
+//! afterwards keeps the first one's quota. No locks.
+
+use crate::cgroup::Mounts;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A CPU quota, and where its cgroup's usage is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota {
+    /// CPU time the quota allows per second of wall time, ns (2 CPUs:
+    /// 2e9).
+    ns_per_sec: u64,
+    /// The binding cgroup's usage file: v2 `cpu.stat`, v1 `cpuacct.usage`.
+    usage: PathBuf,
+    /// Whether `usage` is v2's `cpu.stat` (µs on a `usage_usec` line) or
+    /// v1's `cpuacct.usage` (a number of ns).
+    v2: bool,
+}
+
+impl Quota {
+    /// This process's quota, found at the first call; `None` without one
+    /// (or where the cgroup files cannot be read).
+    pub fn of_this_process() -> Option<&'static Quota> {
+        static QUOTA: OnceLock<Option<Quota>> = OnceLock::new();
+        QUOTA
+            .get_or_init(|| {
+                let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+                Quota::of(&Mounts::of_this_process(), &cgroup)
+            })
+            .as_ref()
+    }
+
+    /// The binding quota of the process whose `/proc/<pid>/cgroup` text is
+    /// `proc_cgroup`, on the hierarchies of `mounts`: v1's `cpu`
+    /// controller where it is mounted (a controller bound to v1 is absent
+    /// from v2), else v2's.
+    pub fn of(mounts: &Mounts, proc_cgroup: &str) -> Option<Quota> {
+        let path_of = |v1_controller: Option<&str>| {
+            proc_cgroup.lines().find_map(|line| {
+                let mut parts = line.splitn(3, ':');
+                let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let ours = match v1_controller {
+                    Some(c) => ctrl.split(',').any(|x| x == c),
+                    None => ctrl.is_empty(),
+                };
+                ours.then(|| path.trim_start_matches('/').to_string())
+            })
+        };
+        match (&mounts.v1_cpu, &mounts.v1_cpuacct, &mounts.v2) {
+            (Some(cpu), Some(cpuacct), _) => {
+                Quota::under(cpu, &path_of(Some("cpu"))?, Some(cpuacct))
+            }
+            (Some(_), None, _) => None,
+            (None, _, Some(v2)) => Quota::under(v2, &path_of(None)?, None),
+            (None, _, None) => None,
+        }
+    }
+
+    /// The binding quota over the cgroup `path` (relative) of the hierarchy
+    /// mounted at `root` and its ancestors: v2 if `v1_cpuacct` is `None`,
+    /// else v1 with the usage read in the `cpuacct` hierarchy mounted at
+    /// `v1_cpuacct`.
+    pub fn under(root: &Path, path: &str, v1_cpuacct: Option<&Path>) -> Option<Quota> {
+        let mut best: Option<(u64, PathBuf)> = None;
+        let mut rel = PathBuf::from(path);
+        loop {
+            let dir = root.join(&rel);
+            let rate = match v1_cpuacct {
+                None => std::fs::read_to_string(dir.join("cpu.max"))
+                    .ok()
+                    .and_then(|t| rate_of_cpu_max(&t)),
+                Some(_) => {
+                    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+                    rate_of_v1(&read("cpu.cfs_quota_us")?, &read("cpu.cfs_period_us")?)
+                }
+            };
+            if let Some(rate) = rate.filter(|&r| best.as_ref().is_none_or(|(b, _)| r < *b)) {
+                best = Some((rate, rel.clone()));
+            }
+            if !rel.pop() {
+                break;
+            }
+        }
+        let (ns_per_sec, rel) = best?;
+        let quota = Quota {
+            ns_per_sec,
+            usage: match v1_cpuacct {
+                None => root.join(&rel).join("cpu.stat"),
+                Some(acct) => acct.join(&rel).join("cpuacct.usage"),
+            },
+            v2: v1_cpuacct.is_none(),
+        };
+        quota.used().map(|_| quota)
+    }
+
+    /// The quota in CPUs (1.5: one and a half CPUs' time per second).
+    pub fn cpus(&self) -> f64 {
+        self.ns_per_sec as f64 / 1e9
+    }
+
+    /// The quota's CPU time up to now less the cgroup's usage, ns,
+    /// wrapping (see the module documentation): only differences mean
+    /// anything, `a.wrapping_sub(b) as i64` of two readings being the time
+    /// left unused between them. `None` if the usage cannot be read.
+    pub fn unused(&self) -> Option<u64> {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        let wall = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
+        let allowed = wall * u128::from(self.ns_per_sec) / 1_000_000_000;
+        Some((allowed as u64).wrapping_sub(self.used()?))
+    }
+
+    /// The binding cgroup's CPU usage since it was made, ns.
+    fn used(&self) -> Option<u64> {
+        let mut buf = [0u8; 1024];
+        let n = std::fs::File::open(&self.usage).ok()?.read(&mut buf).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        if self.v2 {
+            let usec: u64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))?
+                .trim()
+                .parse()
+                .ok()?;
+            Some(usec.saturating_mul(1000))
+        } else {
+            text.trim().parse().ok()
+        }
+    }
+}
+
+/// CPU ns per second of a v2 `cpu.max` text (`"150000 100000"`: 1.5
+/// CPUs); `None` for `max` (no quota) or text that does not parse.
+fn rate_of_cpu_max(text: &str) -> Option<u64> {
+    let mut fields = text.split_whitespace();
+    let (quota, period) = (fields.next()?, fields.next()?);
+    ns_per_sec(quota.parse().ok()?, period.parse().ok()?)
+}
+
+/// CPU ns per second of v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us`;
+/// `None` for a quota of -1 (none).
+fn rate_of_v1(quota: &str, period: &str) -> Option<u64> {
+    let quota: i64 = quota.trim().parse().ok()?;
+    ns_per_sec(u64::try_from(quota).ok()?, period.trim().parse().ok()?)
+}
+
+/// `quota` µs of CPU time per `period` µs, as ns per second.
+fn ns_per_sec(quota: u64, period: u64) -> Option<u64> {
+    (period > 0 && quota > 0).then(|| {
+        let ns = u128::from(quota) * 1_000_000_000 / u128::from(period);
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::tests::Scratch;
+    use std::time::Duration;
+
+    #[test]
+    fn quotas_parse_from_both_files() {
+        assert_eq!(rate_of_cpu_max("150000 100000\n"), Some(1_500_000_000));
+        assert_eq!(rate_of_cpu_max("max 100000\n"), None);
+        assert_eq!(rate_of_cpu_max("0 100000\n"), None);
+        assert_eq!(rate_of_cpu_max(""), None);
+        assert_eq!(rate_of_v1("-1\n", "100000\n"), None);
+        assert_eq!(rate_of_v1("50000\n", "100000\n"), Some(500_000_000));
+        assert_eq!(rate_of_v1("50000\n", "0\n"), None);
+    }
+
+    /// The v2 files against a directory laid out as a v2 hierarchy: the
+    /// tightest quota on the path binds and its cgroup's usage is read.
+    #[test]
+    fn the_tightest_quota_on_the_path_binds_and_its_usage_is_read() {
+        let root = Scratch::new("quota-v2");
+        let lay = |dir: &str, max: &str, usec: u64| {
+            let d = root.0.join(dir);
+            std::fs::create_dir_all(&d).expect("layout");
+            std::fs::write(d.join("cpu.max"), max).expect("layout");
+            std::fs::write(
+                d.join("cpu.stat"),
+                format!("usage_usec {usec}\nuser_usec 1\nnr_throttled 0\n"),
+            )
+            .expect("layout");
+        };
+        lay("a", "400000 100000\n", 9);
+        lay("a/b", "max 100000\n", 5);
+        lay("a/b/c", "150000 100000\n", 1000);
+        let mounts = Mounts {
+            v2: Some(root.0.clone()),
+            ..Mounts::default()
+        };
+        let q = Quota::of(&mounts, "0::/a/b/c\n").expect("a quota");
+        assert_eq!(q.cpus(), 1.5);
+        assert_eq!(q.usage, root.0.join("a/b/c/cpu.stat"));
+        // 100 s more used between two readings: 100 s less left unused
+        // (less the quota's share of the few µs between them).
+        let before = q.unused().expect("usage readable");
+        std::fs::write(root.0.join("a/b/c/cpu.stat"), "usage_usec 100001000\n").expect("layout");
+        let left = q.unused().expect("usage readable").wrapping_sub(before) as i64;
+        assert!(
+            (-100_000_000_000..-99_000_000_000).contains(&left),
+            "{left}"
+        );
+        // A tighter ancestor binds instead; no quota on the path, none.
+        lay("a", "50000 100000\n", 9);
+        let q = Quota::of(&mounts, "0::/a/b/c\n").expect("a quota");
+        assert_eq!(
+            (q.cpus(), q.usage.clone()),
+            (0.5, root.0.join("a/cpu.stat"))
+        );
+        lay("a", "max 100000\n", 9);
+        lay("a/b/c", "max 100000\n", 9);
+        assert_eq!(Quota::of(&mounts, "0::/a/b/c\n"), None);
+    }
+
+    /// A child cgroup of this machine's CPU controller with a quota, a
+    /// busy loop in it; removed (the loop killed first) on drop.
+    struct Busy {
+        loop_: std::process::Child,
+        dirs: Vec<PathBuf>,
+        quota: Quota,
+    }
+
+    impl Busy {
+        /// `cpus` of quota, on v1 (a `cpu` and a `cpuacct` cgroup) or v2.
+        fn new(tag: &str, cpus: f64) -> Busy {
+            let mounts = Mounts::of_this_process();
+            let name = format!("faultline-quota-{tag}-{}", std::process::id());
+            let loop_ = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .expect("sh for a busy loop");
+            let mut busy = Busy {
+                loop_,
+                dirs: Vec::new(),
+                quota: Quota {
+                    ns_per_sec: 0,
+                    usage: PathBuf::new(),
+                    v2: false,
+                },
+            };
+            let pid = busy.loop_.id().to_string();
+            let quota_us = (cpus * 100_000.0) as u64;
+            let write = |path: PathBuf, text: &str| {
+                std::fs::write(&path, text).unwrap_or_else(|e| {
+                    panic!("writing {text:?} to {}: {e} (needs root)", path.display())
+                })
+            };
+            let mkdir = |busy: &mut Busy, root: &Path| {
+                let dir = root.join(&name);
+                std::fs::create_dir(&dir)
+                    .unwrap_or_else(|e| panic!("mkdir {}: {e} (needs root)", dir.display()));
+                busy.dirs.push(dir.clone());
+                dir
+            };
+            busy.quota = match (&mounts.v1_cpu, &mounts.v1_cpuacct, &mounts.v2) {
+                (Some(cpu), Some(acct), _) => {
+                    let (cpu_dir, acct_dir) = (mkdir(&mut busy, cpu), mkdir(&mut busy, acct));
+                    write(cpu_dir.join("cpu.cfs_period_us"), "100000");
+                    write(cpu_dir.join("cpu.cfs_quota_us"), &quota_us.to_string());
+                    write(cpu_dir.join("cgroup.procs"), &pid);
+                    write(acct_dir.join("cgroup.procs"), &pid);
+                    Quota::under(cpu, &name, Some(acct))
+                }
+                (None, _, Some(v2)) => {
+                    write(v2.join("cgroup.subtree_control"), "+cpu");
+                    let dir = mkdir(&mut busy, v2);
+                    write(dir.join("cpu.max"), &format!("{quota_us} 100000"));
+                    write(dir.join("cgroup.procs"), &pid);
+                    Quota::under(v2, &name, None)
+                }
+                _ => panic!("no CPU controller mounted (v1 cpu + cpuacct, or v2): {mounts:?}"),
+            }
+            .expect("the quota just set");
+            busy
+        }
+    }
+
+    impl Drop for Busy {
+        fn drop(&mut self) {
+            let _ = self.loop_.kill();
+            let _ = self.loop_.wait();
+            for dir in &self.dirs {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+
+    /// A busy loop under 0.3 CPU of quota uses it all; under 2 CPUs it
+    /// uses at most one, leaving a CPU of quota unused at least.
+    #[test]
+    fn a_throttled_cgroup_leaves_no_quota_unused_and_a_roomy_one_does() {
+        let tight = Busy::new("tight", 0.3);
+        let roomy = Busy::new("roomy", 2.0);
+        assert_eq!((tight.quota.cpus(), roomy.quota.cpus()), (0.3, 2.0));
+        std::thread::sleep(Duration::from_millis(200));
+        let read = |b: &Busy| b.quota.unused().expect("usage readable");
+        let (t0, r0) = (read(&tight), read(&roomy));
+        std::thread::sleep(Duration::from_millis(500));
+        let (t1, r1) = (read(&tight), read(&roomy));
+        let ms = |a: u64, b: u64| a.wrapping_sub(b) as i64 / 1_000_000;
+        // Of 150 ms of quota in 500 ms the loop used over 60 (a period's
+        // quota, 30 ms, is the slack at each end).
+        assert!(
+            ms(t1, t0) < 90,
+            "0.3 CPU quota: {} ms of 150 unused",
+            ms(t1, t0)
+        );
+        // Of 1,000 ms, one loop can use 500 at most.
+        assert!(
+            ms(r1, r0) >= 400,
+            "2 CPU quota: {} ms of 1,000 unused",
+            ms(r1, r0)
+        );
+    }
+}
