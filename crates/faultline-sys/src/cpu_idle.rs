@@ -15,7 +15,7 @@
 //! spare while it sleeps.
 //!
 //! Each reading also carries, where the process has a CPU quota (cgroup
-//! `cpu.max`; `crate::cpu_quota`), how much of the quota went unused: a
+//! v2 `cpu.max`, v1's CFS quota; `crate::cpu_quota`), how much of the quota went unused: a
 //! process throttled by its quota has no CPU to spare however idle the
 //! machine stands.
 //!
@@ -62,35 +62,63 @@ pub fn cpu_idle_time() -> Option<IdleTime> {
     // size passed, written by the kernel.
     let rc =
         unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    // SAFETY: sysconf has no preconditions.
-    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     // SAFETY: `set` is a valid, initialised cpu_set_t.
-    let allowed = libc::c_long::from(unsafe { libc::CPU_COUNT(&set) });
-    if rc != 0 || online <= 0 || allowed <= 0 || allowed >= online {
-        let mut line = [0u8; 64];
-        let idle = idle_of_uptime(read_into(
-            std::fs::File::open("/proc/uptime").ok()?,
-            &mut line,
-        )?)?;
-        return Some(IdleTime {
-            cpus: WHOLE_MACHINE,
-            idle,
-            unused_quota: unused_quota(),
-        });
-    }
+    let allowed = usize::try_from(unsafe { libc::CPU_COUNT(&set) }).unwrap_or(0);
+    let narrower = rc == 0 && allowed > 0 && online_cpus().is_some_and(|online| allowed < online);
+    // A narrower mask whose CPUs `/proc/stat` does not show (a container's
+    // `/proc` renumbered by LXCFS) is read as the whole machine.
+    let idle = narrower
+        .then(|| Some((fingerprint(&set), idle_of_set(&set)?)))
+        .flatten()
+        .or_else(|| Some((WHOLE_MACHINE, idle_of_machine()?)))?;
+    Some(IdleTime {
+        cpus: idle.0,
+        idle: idle.1,
+        unused_quota: unused_quota(),
+    })
+}
+
+/// The whole machine's idle time, from `/proc/uptime`.
+fn idle_of_machine() -> Option<Duration> {
+    let mut line = [0u8; 64];
+    idle_of_uptime(read_into(
+        std::fs::File::open("/proc/uptime").ok()?,
+        &mut line,
+    )?)
+}
+
+/// The idle time of the CPUs in `set`, from `/proc/stat`.
+fn idle_of_set(set: &libc::cpu_set_t) -> Option<Duration> {
     // SAFETY: sysconf has no preconditions.
     let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let ticks_per_sec = u64::try_from(ticks_per_sec).ok().filter(|&t| t > 0)?;
     let stat = std::fs::File::open("/proc/stat").ok()?;
     // SAFETY: `cpu` < CPU_SETSIZE is checked before the bit is read.
     let in_set =
-        |cpu: usize| cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &set) };
+        |cpu: usize| cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, set) };
     let ticks = idle_ticks_of_stat(stat, in_set)?;
     let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(ticks_per_sec);
-    Some(IdleTime {
-        cpus: fingerprint(&set),
-        idle: Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)),
-        unused_quota: unused_quota(),
+    Some(Duration::from_nanos(
+        u64::try_from(nanos).unwrap_or(u64::MAX),
+    ))
+}
+
+/// How many CPUs are online, from `/sys/devices/system/cpu/online`
+/// (`sysconf(_SC_NPROCESSORS_ONLN)` counts the affinity mask instead on
+/// some C libraries, which would make every mask look whole).
+fn online_cpus() -> Option<usize> {
+    let mut list = [0u8; 256];
+    let file = std::fs::File::open("/sys/devices/system/cpu/online").ok()?;
+    count_of_cpu_list(read_into(file, &mut list)?)
+}
+
+/// The number of CPUs in a kernel CPU list (`"0-3,8,10-11\n"`: 7).
+fn count_of_cpu_list(list: &[u8]) -> Option<usize> {
+    let list = std::str::from_utf8(list).ok()?.trim();
+    list.split(',').try_fold(0usize, |count, range| {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
+        count.checked_add(last.checked_sub(first)? + 1)
     })
 }
 
@@ -219,6 +247,19 @@ mod tests {
         assert_eq!(idle_of_uptime(b""), None);
     }
 
+    #[test]
+    fn cpu_lists_count() {
+        assert_eq!(count_of_cpu_list(b"0-1\n"), Some(2));
+        assert_eq!(count_of_cpu_list(b"0-3,8,10-11\n"), Some(7));
+        assert_eq!(count_of_cpu_list(b"0\n"), Some(1));
+        assert_eq!(count_of_cpu_list(b"3-1\n"), None);
+        assert_eq!(count_of_cpu_list(b""), None);
+        assert!(
+            online_cpus().is_some_and(|n| n >= 1),
+            "/sys/devices/system/cpu/online"
+        );
+    }
+
     const STAT: &str = "cpu  8388194 8702 2485078 4430249 703915 0 228160 7231 0 0\n\
                         cpu0 4096033 4243 1189592 2531863 277460 0 17042 3530 0 0\n\
                         cpu1 4292160 4458 1295486 1898386 426454 0 211117 3700 0 0\n\
@@ -312,8 +353,7 @@ mod tests {
     #[test]
     fn a_thread_confined_to_a_cpu_it_keeps_busy_finds_it_not_idle() {
         let whole = cpu_idle_time().expect("/proc/uptime or /proc/stat unreadable");
-        // SAFETY: sysconf has no preconditions.
-        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } as usize;
+        let online = online_cpus().expect("/sys/devices/system/cpu/online");
         let allowed = crate::host::allowed_cpus();
         if allowed.len() == online {
             assert_eq!(whole.cpus, WHOLE_MACHINE, "the test may run anywhere");

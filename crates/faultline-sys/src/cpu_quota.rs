@@ -20,7 +20,7 @@
 //! afterwards keeps the first one's quota. No locks.
 
 use crate::cgroup::Mounts;
-use std::io::Read;
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -31,8 +31,9 @@ pub struct Quota {
     /// CPU time the quota allows per second of wall time, ns (2 CPUs:
     /// 2e9).
     ns_per_sec: u64,
-    /// The binding cgroup's usage file: v2 `cpu.stat`, v1 `cpuacct.usage`.
-    usage: PathBuf,
+    /// The binding cgroup's usage file: v2 `cpu.stat`, v1 `cpuacct.usage`
+    /// (a C string: opening it allocates nothing, however long).
+    usage: CString,
     /// Whether `usage` is v2's `cpu.stat` (µs on a `usage_usec` line) or
     /// v1's `cpuacct.usage` (a number of ns).
     v2: bool,
@@ -69,7 +70,13 @@ impl Quota {
         };
         match (&mounts.v1_cpu, &mounts.v1_cpuacct, &mounts.v2) {
             (Some(cpu), Some(cpuacct), _) => {
-                Quota::under(cpu, &path_of(Some("cpu"))?, Some(cpuacct))
+                let path = path_of(Some("cpu"))?;
+                // Mounted apart, the usage is read at the `cpu` cgroup's
+                // path: only if the process's `cpuacct` cgroup is there.
+                if cpu != cpuacct && path_of(Some("cpuacct"))? != path {
+                    return None;
+                }
+                Quota::under(cpu, &path, Some(cpuacct))
             }
             (Some(_), None, _) => None,
             (None, _, Some(v2)) => Quota::under(v2, &path_of(None)?, None),
@@ -80,7 +87,10 @@ impl Quota {
     /// The binding quota over the cgroup `path` (relative) of the hierarchy
     /// mounted at `root` and its ancestors: v2 if `v1_cpuacct` is `None`,
     /// else v1 with the usage read in the `cpuacct` hierarchy mounted at
-    /// `v1_cpuacct`.
+    /// `v1_cpuacct`. Levels missing under `root` are passed over: in a
+    /// container without a cgroup namespace `/proc/self/cgroup` names the
+    /// container's cgroup from the host's root while the mount shows it
+    /// as the root, so the walk ends at the root, the container's own.
     pub fn under(root: &Path, path: &str, v1_cpuacct: Option<&Path>) -> Option<Quota> {
         let mut best: Option<(u64, PathBuf)> = None;
         let mut rel = PathBuf::from(path);
@@ -92,7 +102,9 @@ impl Quota {
                     .and_then(|t| rate_of_cpu_max(&t)),
                 Some(_) => {
                     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-                    rate_of_v1(&read("cpu.cfs_quota_us")?, &read("cpu.cfs_period_us")?)
+                    read("cpu.cfs_quota_us")
+                        .zip(read("cpu.cfs_period_us"))
+                        .and_then(|(quota, period)| rate_of_v1(&quota, &period))
                 }
             };
             if let Some(rate) = rate.filter(|&r| best.as_ref().is_none_or(|(b, _)| r < *b)) {
@@ -103,12 +115,13 @@ impl Quota {
             }
         }
         let (ns_per_sec, rel) = best?;
+        let usage = match v1_cpuacct {
+            None => root.join(&rel).join("cpu.stat"),
+            Some(acct) => acct.join(&rel).join("cpuacct.usage"),
+        };
         let quota = Quota {
             ns_per_sec,
-            usage: match v1_cpuacct {
-                None => root.join(&rel).join("cpu.stat"),
-                Some(acct) => acct.join(&rel).join("cpuacct.usage"),
-            },
+            usage: CString::new(usage.into_os_string().into_encoded_bytes()).ok()?,
             v2: v1_cpuacct.is_none(),
         };
         quota.used().map(|_| quota)
@@ -133,8 +146,20 @@ impl Quota {
     /// The binding cgroup's CPU usage since it was made, ns.
     fn used(&self) -> Option<u64> {
         let mut buf = [0u8; 1024];
-        let n = std::fs::File::open(&self.usage).ok()?.read(&mut buf).ok()?;
-        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        // SAFETY: `usage` is a NUL-terminated path; the flags ask for a
+        // read-only descriptor of this thread's own.
+        let fd = unsafe { libc::open(self.usage.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is the descriptor just opened, read into `buf` of
+        // the length passed, closed once.
+        let n = unsafe {
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(fd);
+            n
+        };
+        let text = std::str::from_utf8(&buf[..usize::try_from(n).ok()?]).ok()?;
         if self.v2 {
             let usec: u64 = text
                 .lines()
@@ -213,7 +238,8 @@ mod tests {
         };
         let q = Quota::of(&mounts, "0::/a/b/c\n").expect("a quota");
         assert_eq!(q.cpus(), 1.5);
-        assert_eq!(q.usage, root.0.join("a/b/c/cpu.stat"));
+        let c = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).expect("a path");
+        assert_eq!(q.usage, c(root.0.join("a/b/c/cpu.stat")));
         // 100 s more used between two readings: 100 s less left unused
         // (less the quota's share of the few µs between them).
         let before = q.unused().expect("usage readable");
@@ -228,11 +254,43 @@ mod tests {
         let q = Quota::of(&mounts, "0::/a/b/c\n").expect("a quota");
         assert_eq!(
             (q.cpus(), q.usage.clone()),
-            (0.5, root.0.join("a/cpu.stat"))
+            (0.5, c(root.0.join("a/cpu.stat")))
         );
         lay("a", "max 100000\n", 9);
         lay("a/b/c", "max 100000\n", 9);
         assert_eq!(Quota::of(&mounts, "0::/a/b/c\n"), None);
+    }
+
+    /// v1 layouts: a container's cgroup seen from the host's root (the
+    /// levels above it missing under the mount), and `cpuacct` mounted
+    /// apart at another path (no quota: its usage would be another
+    /// cgroup's).
+    #[test]
+    fn v1_quotas_are_found_from_a_container_and_not_across_paths() {
+        let root = Scratch::new("quota-v1");
+        let (cpu, acct) = (root.0.join("cpu"), root.0.join("cpuacct"));
+        for dir in [&cpu, &acct] {
+            std::fs::create_dir_all(dir).expect("layout");
+        }
+        std::fs::write(cpu.join("cpu.cfs_quota_us"), "200000\n").expect("layout");
+        std::fs::write(cpu.join("cpu.cfs_period_us"), "100000\n").expect("layout");
+        std::fs::write(acct.join("cpuacct.usage"), "123456789\n").expect("layout");
+        let mounts = Mounts {
+            v1_cpu: Some(cpu.clone()),
+            v1_cpuacct: Some(acct.clone()),
+            ..Mounts::default()
+        };
+        let container = "3:cpuacct:/docker/abc\n2:cpu:/docker/abc\n0::/\n";
+        let q = Quota::of(&mounts, container).expect("the container's quota");
+        assert_eq!(q.cpus(), 2.0);
+        assert_eq!(q.used(), Some(123456789));
+        let apart = "3:cpuacct:/\n2:cpu:/docker/abc\n0::/\n";
+        assert_eq!(Quota::of(&mounts, apart), None);
+        let no_quota = Mounts {
+            v1_cpuacct: None,
+            ..mounts
+        };
+        assert_eq!(Quota::of(&no_quota, container), None);
     }
 
     /// A child cgroup of this machine's CPU controller with a quota, a
@@ -248,16 +306,24 @@ mod tests {
         fn new(tag: &str, cpus: f64) -> Busy {
             let mounts = Mounts::of_this_process();
             let name = format!("faultline-quota-{tag}-{}", std::process::id());
-            let loop_ = std::process::Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .spawn()
-                .expect("sh for a busy loop");
+            let mut sh = std::process::Command::new("sh");
+            sh.args(["-c", "while :; do :; done"]);
+            // SAFETY: prctl is async-signal-safe, as a pre_exec hook must
+            // be; it asks for the loop to be killed when this thread ends,
+            // so a test killed before its Drop runs leaves no loop behind.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut sh, || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                })
+            };
+            let loop_ = sh.spawn().expect("sh for a busy loop");
             let mut busy = Busy {
                 loop_,
                 dirs: Vec::new(),
                 quota: Quota {
                     ns_per_sec: 0,
-                    usage: PathBuf::new(),
+                    usage: CString::default(),
                     v2: false,
                 },
             };
@@ -276,18 +342,25 @@ mod tests {
                 dir
             };
             busy.quota = match (&mounts.v1_cpu, &mounts.v1_cpuacct, &mounts.v2) {
+                // A high weight, so that the loop gets its quota on a
+                // machine busy with other tests.
                 (Some(cpu), Some(acct), _) => {
-                    let (cpu_dir, acct_dir) = (mkdir(&mut busy, cpu), mkdir(&mut busy, acct));
+                    let cpu_dir = mkdir(&mut busy, cpu);
                     write(cpu_dir.join("cpu.cfs_period_us"), "100000");
                     write(cpu_dir.join("cpu.cfs_quota_us"), &quota_us.to_string());
+                    write(cpu_dir.join("cpu.shares"), "10240");
                     write(cpu_dir.join("cgroup.procs"), &pid);
-                    write(acct_dir.join("cgroup.procs"), &pid);
+                    if acct != cpu {
+                        let acct_dir = mkdir(&mut busy, acct);
+                        write(acct_dir.join("cgroup.procs"), &pid);
+                    }
                     Quota::under(cpu, &name, Some(acct))
                 }
                 (None, _, Some(v2)) => {
                     write(v2.join("cgroup.subtree_control"), "+cpu");
                     let dir = mkdir(&mut busy, v2);
                     write(dir.join("cpu.max"), &format!("{quota_us} 100000"));
+                    write(dir.join("cpu.weight"), "10000");
                     write(dir.join("cgroup.procs"), &pid);
                     Quota::under(v2, &name, None)
                 }

@@ -23,9 +23,9 @@
 //! polled reads still leaves [`KEEP`] (a poll takes some of the idle time
 //! it found). The first window of a process sleeps, and so does the first
 //! after a pause of more than two windows without reads (what a quiet
-//! spell left idle says nothing of the burst after it). A window whose two
-//! readings sum different CPU sets (the thread that closed it runs under
-//! another mask than the one that opened it) decides nothing. Where the
+//! spell left idle says nothing of the burst after it). So does the window
+//! after one whose two readings sum different CPU sets (the thread that
+//! closed it runs under another mask than the one that opened it). Where the
 //! idle time cannot be read, only the first rule applies until it can.
 //!
 //! Where the process has a CPU quota (cgroup `cpu.max`, v1's CFS quota),
@@ -172,7 +172,9 @@ impl Gate {
 
     /// Ends a window `age` ns long, the CPUs' idle time now being `idle`:
     /// decides for the next one if `decide` (a window of reads, not a
-    /// pause) and the idle time of the same CPUs was read at both ends.
+    /// pause) and the idle time of the same CPUs was read at both ends;
+    /// after a pause, or readings that cannot be compared (two CPU sets, a
+    /// quota's usage read at one end only), the reads sleep.
     fn close(&self, decide: bool, age: u64, idle: Option<IdleTime>) {
         let Some(IdleTime {
             cpus,
@@ -202,7 +204,8 @@ impl Gate {
             .quota_then
             .swap(unused_quota.unwrap_or(0), Ordering::Relaxed);
         let quota_then = had_quota.then_some(quota_then);
-        if decide && then != 0 && same_cpus && quota_then.is_some() == unused_quota.is_some() {
+        let comparable = same_cpus && quota_then.is_some() == unused_quota.is_some();
+        if decide && then != 0 && comparable {
             let polling = self.allowed.load(Ordering::Relaxed);
             let mut idle = Duration::from_nanos(idle.wrapping_sub(then));
             if let (Some(now), Some(then)) = (unused_quota, quota_then) {
@@ -215,7 +218,7 @@ impl Gate {
             let primed = self.primed.swap(spare_now && !polling, Ordering::Relaxed);
             self.allowed
                 .store(spare_now && (polling || primed), Ordering::Relaxed);
-        } else if !decide {
+        } else if !decide || !comparable {
             self.allowed.store(false, Ordering::Relaxed);
             self.primed.store(false, Ordering::Relaxed);
         }
@@ -363,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn readings_of_different_cpu_sets_decide_nothing() {
+    fn readings_of_different_cpu_sets_stop_polling() {
         let (gate, mut m) = Machine::started(7, None);
         let spare = Duration::from_micros(900);
         // The first window began on the whole machine and ends on set 7:
@@ -372,21 +375,22 @@ mod tests {
         assert!(!m.reads(&gate, 200, spare));
         assert!(m.reads(&gate, 200, spare));
         // Set 8's since-boot idle time is far below set 7's: read as a
-        // difference it would wrap to centuries idle. Each change of set
-        // keeps the last decision, whatever the sums.
+        // difference it would wrap to centuries idle. A change of set
+        // closes the gate instead, whatever the sums, and it takes two
+        // spare windows of one set to open it again.
         m.cpus = 8;
         m.idle = MS(1);
-        assert!(m.reads(&gate, 200, Duration::ZERO));
+        assert!(!m.reads(&gate, 200, spare));
         m.cpus = 7;
         m.idle = Duration::from_secs(1 << 40);
-        assert!(m.reads(&gate, 200, Duration::ZERO));
-        // Same set again: a busy window closes the gate, and set changes
-        // do not reopen it.
-        assert!(!m.reads(&gate, 200, Duration::ZERO));
-        m.cpus = 9;
         assert!(!m.reads(&gate, 200, spare));
-        m.cpus = 7;
         assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
+        // Readers of two sets closing windows in turn never poll.
+        for cpus in [8, 7, 8, 7, 8, 7] {
+            m.cpus = cpus;
+            assert!(!m.reads(&gate, 200, spare));
+        }
     }
 
     #[test]
