@@ -54,6 +54,14 @@ thread_local! {
 /// to this many writes of a batch.
 const ENTRIES: u32 = 32;
 
+/// Prepares polled reads: finds what the rule that allows a poll reads
+/// once per process (the CPU quota's cgroup, from `/proc/self/cgroup` and
+/// the mount table), so that a first read served in a SIGBUS handler does
+/// not allocate for it. Optional; a store that polls calls it when made.
+pub fn prepare_polling() {
+    pollers::prepare();
+}
+
 /// Reads up to `buf.len()` bytes of `fd` from byte `offset` into `buf`, like
 /// `pread(2)`: returns the bytes read (0 at the end of the file) or the
 /// read's error. With `spin > 0` the read goes through this thread's

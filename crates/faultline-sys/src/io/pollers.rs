@@ -41,6 +41,7 @@
 //! window skews one decision at most.
 
 use crate::cpu_idle::{cpu_idle_time, IdleTime};
+use crate::cpu_quota::Quota;
 use crate::host;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -72,6 +73,20 @@ static GATE: Gate = Gate::new();
 /// drop. Made only here, so that [`POLLERS`] counts every one.
 pub(super) struct Poller(());
 
+/// Finds now what the rules read once per process (the CPU quota's cgroup,
+/// the cap, the clock's origin), so that a first read served in a SIGBUS
+/// handler allocates nothing for them.
+pub(super) fn prepare() {
+    let _ = (Quota::of_this_process(), limit(), epoch());
+}
+
+/// The most pollers at once: half the CPUs this process may use, at least
+/// one.
+fn limit() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| (host::online_cpus() / 2).max(1))
+}
+
 impl Poller {
     /// A place, if the reader's CPUs had one to spare in the last window and
     /// fewer than half the CPUs poll.
@@ -80,8 +95,7 @@ impl Poller {
         if !GATE.allows(now, cpu_idle_time) {
             return None;
         }
-        static LIMIT: OnceLock<usize> = OnceLock::new();
-        let limit = *LIMIT.get_or_init(|| (host::online_cpus() / 2).max(1));
+        let limit = limit();
         // Relaxed: a count, guarding no data.
         let mut cur = POLLERS.load(Ordering::Relaxed);
         while cur < limit {

@@ -88,6 +88,9 @@ impl File {
         let direct = direct
             .then(|| faultline_sys::host::reopen_direct(&file, writable).ok())
             .flatten();
+        if direct.is_some() && !poll.is_zero() {
+            faultline_sys::io::prepare_polling();
+        }
         use std::os::unix::fs::MetadataExt;
         // The object's identity: device and inode, mixed into one word.
         let identity = file
