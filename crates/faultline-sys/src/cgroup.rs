@@ -428,14 +428,25 @@ pub fn process_memory() -> Option<(Version, PathBuf)> {
 /// The directory of the memory cgroup a `/proc/<pid>/cgroup` text names in
 /// hierarchy `h`: the `memory` line on v1, the `0::` line on v2.
 pub fn memory_dir(h: &Hierarchy, proc_cgroup: &str) -> Option<PathBuf> {
+    let v1_controller = match h.version {
+        Version::V1 => Some("memory"),
+        Version::V2 => None,
+    };
+    Some(h.root.join(cgroup_path(proc_cgroup, v1_controller)?))
+}
+
+/// The path, relative to its hierarchy's root, of the cgroup a
+/// `/proc/<pid>/cgroup` text names for the v1 controller `v1_controller`
+/// (its line lists it), or on v2 (`None`: the `0::` line).
+pub fn cgroup_path<'t>(proc_cgroup: &'t str, v1_controller: Option<&str>) -> Option<&'t str> {
     proc_cgroup.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let ours = match h.version {
-            Version::V1 => ctrl.split(',').any(|c| c == "memory"),
-            Version::V2 => ctrl.is_empty(),
+        let ours = match v1_controller {
+            Some(c) => ctrl.split(',').any(|x| x == c),
+            None => ctrl.is_empty(),
         };
-        ours.then(|| h.root.join(path.trim_start_matches('/')))
+        ours.then(|| path.trim_start_matches('/'))
     })
 }
 

@@ -15,9 +15,9 @@
 //! spare while it sleeps.
 //!
 //! Each reading also carries, where the process has a CPU quota (cgroup
-//! v2 `cpu.max`, v1's CFS quota; `crate::cpu_quota`), how much of the quota went unused: a
-//! process throttled by its quota has no CPU to spare however idle the
-//! machine stands.
+//! v2 `cpu.max`, v1's CFS quota; `crate::cpu_quota`), how much of the
+//! quota went unused: a process throttled by its quota has no CPU to spare
+//! however idle the machine stands.
 //!
 //! Each reading carries [`IdleTime::cpus`], a fingerprint of the set it
 //! sums: two readings are comparable only when their sets match (a thread
@@ -29,6 +29,7 @@
 //! locks, no state kept between calls.
 
 use crate::cpu_quota::Quota;
+use crate::host::read_small_file;
 use std::io::Read;
 use std::time::Duration;
 
@@ -64,7 +65,8 @@ pub fn cpu_idle_time() -> Option<IdleTime> {
         unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     // SAFETY: `set` is a valid, initialised cpu_set_t.
     let allowed = usize::try_from(unsafe { libc::CPU_COUNT(&set) }).unwrap_or(0);
-    let narrower = rc == 0 && allowed > 0 && online_cpus().is_some_and(|online| allowed < online);
+    let narrower =
+        rc == 0 && allowed > 0 && machine_online_cpus().is_some_and(|online| allowed < online);
     // A narrower mask whose CPUs `/proc/stat` does not show (a container's
     // `/proc` renumbered by LXCFS) is read as the whole machine.
     let idle = narrower
@@ -81,10 +83,7 @@ pub fn cpu_idle_time() -> Option<IdleTime> {
 /// The whole machine's idle time, from `/proc/uptime`.
 fn idle_of_machine() -> Option<Duration> {
     let mut line = [0u8; 64];
-    idle_of_uptime(read_into(
-        std::fs::File::open("/proc/uptime").ok()?,
-        &mut line,
-    )?)
+    idle_of_uptime(read_small_file(c"/proc/uptime", &mut line)?)
 }
 
 /// The idle time of the CPUs in `set`, from `/proc/stat`.
@@ -103,13 +102,17 @@ fn idle_of_set(set: &libc::cpu_set_t) -> Option<Duration> {
     ))
 }
 
-/// How many CPUs are online, from `/sys/devices/system/cpu/online`
+/// How many CPUs the machine has online, from
+/// `/sys/devices/system/cpu/online` (not `host::online_cpus`, the CPUs
+/// this process may use)
 /// (`sysconf(_SC_NPROCESSORS_ONLN)` counts the affinity mask instead on
 /// some C libraries, which would make every mask look whole).
-fn online_cpus() -> Option<usize> {
+fn machine_online_cpus() -> Option<usize> {
     let mut list = [0u8; 256];
-    let file = std::fs::File::open("/sys/devices/system/cpu/online").ok()?;
-    count_of_cpu_list(read_into(file, &mut list)?)
+    count_of_cpu_list(read_small_file(
+        c"/sys/devices/system/cpu/online",
+        &mut list,
+    )?)
 }
 
 /// The number of CPUs in a kernel CPU list (`"0-3,8,10-11\n"`: 7).
@@ -125,13 +128,6 @@ fn count_of_cpu_list(list: &[u8]) -> Option<usize> {
 /// [`IdleTime::unused_quota`] now.
 fn unused_quota() -> Option<u64> {
     Quota::of_this_process().and_then(Quota::unused)
-}
-
-/// Reads what one `read` gives into `buf` (a short `/proc` file comes
-/// whole).
-fn read_into(mut file: std::fs::File, buf: &mut [u8]) -> Option<&[u8]> {
-    let n = file.read(buf).ok()?;
-    Some(&buf[..n])
 }
 
 /// The second figure of a `/proc/uptime` line (`"350735.47 234388.90"`:
@@ -255,7 +251,7 @@ mod tests {
         assert_eq!(count_of_cpu_list(b"3-1\n"), None);
         assert_eq!(count_of_cpu_list(b""), None);
         assert!(
-            online_cpus().is_some_and(|n| n >= 1),
+            machine_online_cpus().is_some_and(|n| n >= 1),
             "/sys/devices/system/cpu/online"
         );
     }
@@ -353,7 +349,7 @@ mod tests {
     #[test]
     fn a_thread_confined_to_a_cpu_it_keeps_busy_finds_it_not_idle() {
         let whole = cpu_idle_time().expect("/proc/uptime or /proc/stat unreadable");
-        let online = online_cpus().expect("/sys/devices/system/cpu/online");
+        let online = machine_online_cpus().expect("/sys/devices/system/cpu/online");
         let allowed = crate::host::allowed_cpus();
         if allowed.len() == online {
             assert_eq!(whole.cpus, WHOLE_MACHINE, "the test may run anywhere");

@@ -19,7 +19,7 @@
 //! fault served in a SIGBUS handler). A process moved to another cgroup
 //! afterwards keeps the first one's quota. No locks.
 
-use crate::cgroup::Mounts;
+use crate::cgroup::{cgroup_path, Mounts};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +32,7 @@ pub struct Quota {
     /// 2e9).
     ns_per_sec: u64,
     /// The binding cgroup's usage file: v2 `cpu.stat`, v1 `cpuacct.usage`
-    /// (a C string: opening it allocates nothing, however long).
+    /// (a C string, for [`crate::host::read_small_file`]).
     usage: CString,
     /// Whether `usage` is v2's `cpu.stat` (µs on a `usage_usec` line) or
     /// v1's `cpuacct.usage` (a number of ns).
@@ -57,17 +57,7 @@ impl Quota {
     /// controller where it is mounted (a controller bound to v1 is absent
     /// from v2), else v2's.
     pub fn of(mounts: &Mounts, proc_cgroup: &str) -> Option<Quota> {
-        let path_of = |v1_controller: Option<&str>| {
-            proc_cgroup.lines().find_map(|line| {
-                let mut parts = line.splitn(3, ':');
-                let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-                let ours = match v1_controller {
-                    Some(c) => ctrl.split(',').any(|x| x == c),
-                    None => ctrl.is_empty(),
-                };
-                ours.then(|| path.trim_start_matches('/').to_string())
-            })
-        };
+        let path_of = |v1_controller| cgroup_path(proc_cgroup, v1_controller);
         match (&mounts.v1_cpu, &mounts.v1_cpuacct, &mounts.v2) {
             (Some(cpu), Some(cpuacct), _) => {
                 let path = path_of(Some("cpu"))?;
@@ -76,10 +66,10 @@ impl Quota {
                 if cpu != cpuacct && path_of(Some("cpuacct"))? != path {
                     return None;
                 }
-                Quota::under(cpu, &path, Some(cpuacct))
+                Quota::under(cpu, path, Some(cpuacct))
             }
             (Some(_), None, _) => None,
-            (None, _, Some(v2)) => Quota::under(v2, &path_of(None)?, None),
+            (None, _, Some(v2)) => Quota::under(v2, path_of(None)?, None),
             (None, _, None) => None,
         }
     }
@@ -146,20 +136,8 @@ impl Quota {
     /// The binding cgroup's CPU usage since it was made, ns.
     fn used(&self) -> Option<u64> {
         let mut buf = [0u8; 1024];
-        // SAFETY: `usage` is a NUL-terminated path; the flags ask for a
-        // read-only descriptor of this thread's own.
-        let fd = unsafe { libc::open(self.usage.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: `fd` is the descriptor just opened, read into `buf` of
-        // the length passed, closed once.
-        let n = unsafe {
-            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-            libc::close(fd);
-            n
-        };
-        let text = std::str::from_utf8(&buf[..usize::try_from(n).ok()?]).ok()?;
+        let text =
+            std::str::from_utf8(crate::host::read_small_file(&self.usage, &mut buf)?).ok()?;
         if self.v2 {
             let usec: u64 = text
                 .lines()

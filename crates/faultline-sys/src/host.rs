@@ -1,7 +1,8 @@
-//! Facts about the machine: physical memory, the transparent huge page
-//! mode, the CPU the calling thread runs on, and a
-//! cycle counter; plus the few file calls the benchmarks' baselines need
-//! (read-ahead, `O_DIRECT`). Read-only, no locks, no state.
+//! Facts about the machine: physical memory, the transparent huge page mode,
+//! the CPU the calling thread runs on, and a cycle counter; plus the few
+//! file calls the benchmarks' baselines need (read-ahead, `O_DIRECT`), and
+//! a read of a short kernel file that allocates nothing.
+//! Read-only, no locks, no state.
 
 /// Transparent huge page mode, from `/sys/kernel/mm/transparent_hugepage/enabled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -366,6 +367,27 @@ pub fn opened_for_writing(file: &std::fs::File) -> Result<bool, crate::SysError>
         return Err(crate::SysError::last("fcntl(F_GETFL)", 0, 0));
     }
     Ok(flags & libc::O_ACCMODE != libc::O_RDONLY)
+}
+
+/// What one `read(2)` of the file at `path` gives, into `buf`: a short
+/// `/proc`, `/sys` or cgroup file comes whole. Allocates nothing, however
+/// long the path (a caller may be a fault served in a SIGBUS handler that
+/// interrupted `malloc`). `None` if it cannot be opened or read.
+pub fn read_small_file<'b>(path: &std::ffi::CStr, buf: &'b mut [u8]) -> Option<&'b [u8]> {
+    // SAFETY: `path` is NUL-terminated; the flags ask for a read-only
+    // descriptor, closed below.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is the descriptor just opened, read into `buf` of the
+    // length passed, and closed once.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    Some(&buf[..usize::try_from(n).ok()?])
 }
 
 /// Sets the calling thread's `errno` (for C APIs that report through it).

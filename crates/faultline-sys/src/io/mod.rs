@@ -15,8 +15,8 @@
 //! bounded by the caller's `spin` — and, where the program's threads keep
 //! every CPU busy, more than the poll saves: so a read polls only with a
 //! place among the pollers (`pollers.rs`: at most half the CPUs, and only
-//! while the CPUs the reader may run on have had one to spare), and otherwise is a plain
-//! `pread`.
+//! while the CPUs the reader may run on have had one to spare), and
+//! otherwise is a plain `pread`.
 //!
 //! Why batches: a device serves many requests in flight faster than one at
 //! a time (the project's virtual disk: 15k random 4 KiB writes/s one at a
@@ -68,8 +68,8 @@ pub fn prepare_polling() {
 /// `io_uring`, polled for up to `spin` before the thread sleeps; with
 /// `spin == 0`, where polling is not allowed now (at most half the CPUs
 /// poll, and only while the CPUs this thread may run on have one to
-/// spare: `pollers.rs`), or
-/// where no ring can be had, it is a plain `pread`.
+/// spare: `pollers.rs`), or where no ring can be had, it is a plain
+/// `pread`.
 ///
 /// # Errors
 /// The read's own error (`EIO`, `EINVAL` for a direct read the kernel

@@ -89,8 +89,9 @@ impl FileOptions {
     /// poll burns: at most `spin` per read. Where the program's threads
     /// keep every CPU busy that CPU is worth more than the wake-up (2–18%
     /// slower measured), so a read polls only while the CPUs the reader may
-    /// run on (its affinity mask) have had one to spare, and at most half the CPUs poll at once; other reads
-    /// sleep in `pread` (docs/design.md, "Polled reads").
+    /// run on (its affinity mask, and its CPU quota) have had one to spare,
+    /// and at most half the CPUs poll at once; other reads sleep in `pread`
+    /// (docs/design.md, "Polled reads").
     /// `Duration::ZERO`: plain `pread`, sleeping, always. Buffered reads
     /// are never polled.
     pub fn poll(mut self, spin: Duration) -> FileOptions {
