@@ -27,8 +27,8 @@
 //! read-ahead only *tries* further fault locks, the reclaim hand only
 //! *tries* the locks of the up to 32 clean pages it batches (and holds them
 //! until their drop: `reclaim/drops.rs`), and migration takes several
-//! with [`FaultLocks::lock_all`], always in ascending index order, while
-//! holding none.
+//! with [`FaultLocks::lock_all`], which waits for one only while it holds
+//! none of the others.
 
 use crate::config::LockMode;
 use crossbeam_utils::CachePadded;
@@ -143,13 +143,24 @@ impl FaultLocks {
         self.lock_index(self.index(domain, page))
     }
 
-    /// Takes every lock in `indices` (sorted and deduplicated first, so that
-    /// takers of several locks all go in ascending order and cannot
-    /// deadlock). For migration, which holds a whole 2 MiB block's pages.
+    /// Takes every lock in `indices` (sorted and deduplicated first). For
+    /// migration, which holds a whole 2 MiB block's pages.
+    ///
+    /// It never waits for one lock while holding another: it tries them in
+    /// ascending order, and at the first one held elsewhere lets go of all
+    /// it took, waits for that one alone, then tries the rest again. A
+    /// thread holding one fault lock may wait for something only a page
+    /// under another lock can give — a fault under a full budget waits for
+    /// reclaim to free a frame, and reclaim only *tries* locks — so a taker
+    /// that waited holding the rest would leave that fault nothing to
+    /// reclaim until the fault gave up: with 8 locks, a migration of a 4
+    /// KiB region's block holding 7 and waiting for the eighth stops a 2 MiB
+    /// fault holding it from evicting any page under the 7, and after 2 s
+    /// without progress the fault is refused.
     pub fn lock_all(&self, indices: &mut Vec<usize>) -> Vec<FaultGuard<'_>> {
-        indices.sort_unstable();
-        indices.dedup();
-        indices.iter().map(|&i| self.lock_index(i)).collect()
+        let all = self.lock_all_until(indices, None);
+        // Without a deadline every wait ends with the lock taken.
+        all.unwrap_or_default()
     }
 
     /// [`FaultLocks::lock_all`], giving up after `limit`: `None` if some
@@ -160,13 +171,43 @@ impl FaultLocks {
         indices: &mut Vec<usize>,
         limit: std::time::Duration,
     ) -> Option<Vec<FaultGuard<'_>>> {
+        self.lock_all_until(indices, Some(Instant::now() + limit))
+    }
+
+    /// [`FaultLocks::lock_all`]; with a deadline, `None` once it passed
+    /// while waiting for a lock.
+    fn lock_all_until(
+        &self,
+        indices: &mut Vec<usize>,
+        deadline: Option<Instant>,
+    ) -> Option<Vec<FaultGuard<'_>>> {
         indices.sort_unstable();
         indices.dedup();
-        let deadline = Instant::now() + limit;
-        indices
-            .iter()
-            .map(|&i| self.lock_index_until(i, deadline))
-            .collect()
+        // The lock found held on the last try, waited for first.
+        let mut busy: Option<usize> = None;
+        loop {
+            let mut held = Vec::with_capacity(indices.len());
+            let waited_for = busy.take();
+            if let Some(i) = waited_for {
+                held.push(match deadline {
+                    None => self.lock_index(i),
+                    Some(d) => self.lock_index_until(i, d)?,
+                });
+            }
+            for &i in indices.iter().filter(|&&i| Some(i) != waited_for) {
+                match self.try_lock_index(i) {
+                    Some(g) => held.push(g),
+                    None => {
+                        busy = Some(i);
+                        break;
+                    }
+                }
+            }
+            if busy.is_none() {
+                return Some(held);
+            }
+            // `held` drops here: nothing is held while the next wait lasts.
+        }
     }
 
     /// [`FaultLocks::lock`], giving up after `limit` (see
@@ -202,7 +243,12 @@ impl FaultLocks {
 
     /// Takes the lock of `(domain, page)` if it is free right now.
     pub fn try_lock(&self, domain: u64, page: u64) -> Option<FaultGuard<'_>> {
-        let i = self.index(domain, page);
+        self.try_lock_index(self.index(domain, page))
+    }
+
+    /// Takes lock `index` if it is free right now.
+    fn try_lock_index(&self, index: usize) -> Option<FaultGuard<'_>> {
+        let i = index & self.mask;
         let g = self.locks[i].try_lock()?;
         Some(FaultGuard::new(g, &self.owners[i]))
     }
@@ -286,5 +332,92 @@ mod tests {
         assert_eq!(st.acquisitions, 2);
         assert_eq!(st.contentions, 1);
         assert!(st.wait_ns >= 10_000_000, "{st:?}");
+    }
+
+    /// A taker of several locks that finds one held waits for it holding
+    /// none of the others: a thread holding that one (a fault waiting for a
+    /// frame) can still take the pages under the rest.
+    #[test]
+    fn lock_all_waits_holding_nothing() {
+        let l = FaultLocks::new(LockMode::Hashed, 8);
+        let held = l.lock_index(5);
+        std::thread::scope(|s| {
+            let taker = s.spawn(|| l.lock_all(&mut vec![5, 1, 3, 1]).len());
+            // The taker tries 1 and 3, finds 5 held, lets go and waits:
+            // lock 1 is free again within a second (waiting while holding
+            // it, it would stay held until 5 is let go).
+            let deadline = Instant::now() + std::time::Duration::from_secs(1);
+            let mut took_one = false;
+            while !took_one && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                took_one = l.try_lock_index(1).is_some() && l.try_lock_index(3).is_some();
+            }
+            assert!(
+                took_one,
+                "lock_all held locks 1 and 3 while it waited for 5"
+            );
+            drop(held);
+            assert_eq!(taker.join().expect("taker"), 3, "1, 3 and 5, once each");
+        });
+        for i in [1, 3, 5] {
+            assert!(l.try_lock_index(i).is_some(), "lock {i} let go");
+        }
+    }
+
+    /// A timed taker gives up at its deadline, holding nothing.
+    #[test]
+    fn lock_all_within_gives_up_holding_nothing() {
+        let l = FaultLocks::new(LockMode::Hashed, 8);
+        let held = l.lock_index(6);
+        let t = Instant::now();
+        let all = l.lock_all_within(&mut vec![2, 6], std::time::Duration::from_millis(30));
+        assert!(all.is_none(), "took lock 6 while it was held");
+        assert!(t.elapsed() >= std::time::Duration::from_millis(30));
+        assert!(l.try_lock_index(2).is_some(), "lock 2 let go");
+        drop(held);
+        let all = l.lock_all_within(&mut vec![2, 6], std::time::Duration::from_millis(30));
+        assert_eq!(all.map(|g| g.len()), Some(2));
+    }
+
+    /// Takers of overlapping sets and of single locks, all at once: never
+    /// two holders of one lock, and every taker gets through.
+    #[test]
+    fn lock_all_excludes_and_ends() {
+        let l = FaultLocks::new(LockMode::Hashed, 8);
+        let inside: Vec<AtomicU32> = (0..8).map(|_| AtomicU32::new(0)).collect();
+        let enter = |set: &[usize]| {
+            for &i in set {
+                assert_eq!(
+                    inside[i].fetch_add(1, Ordering::Relaxed),
+                    0,
+                    "lock {i} twice"
+                );
+            }
+            std::thread::yield_now();
+            for &i in set {
+                inside[i].fetch_sub(1, Ordering::Relaxed);
+            }
+        };
+        std::thread::scope(|s| {
+            for t in 0..4usize {
+                let (l, enter) = (&l, &enter);
+                s.spawn(move || {
+                    for n in 0..500usize {
+                        let mut set: Vec<usize> =
+                            (0..3).map(|k| (t * 3 + n * 5 + k * 7) % 8).collect();
+                        let guards = l.lock_all(&mut set);
+                        assert_eq!(guards.len(), set.len());
+                        enter(&set);
+                    }
+                });
+            }
+            let (l, enter) = (&l, &enter);
+            s.spawn(move || {
+                for n in 0..2_000usize {
+                    let _g = l.lock_index(n % 8);
+                    enter(&[n % 8]);
+                }
+            });
+        });
     }
 }

@@ -6,8 +6,9 @@
 //! Invariant: as for migration — each page's data is at every moment in
 //! exactly one of the region, its old frame's slot, or the huge frame; a
 //! failure leaves pages parked, never lost. Locks: the block's fault
-//! locks, ascending, then leaf locks; the target frame is taken and its
-//! THP re-formed (`MADV_COLLAPSE`, which may compact memory) before them.
+//! locks (`FaultLocks::lock_all`: a held one is waited for holding none),
+//! then leaf locks; the target frame is taken and its THP re-formed
+//! (`MADV_COLLAPSE`, which may compact memory) before them.
 
 use super::{
     lock_batch, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,

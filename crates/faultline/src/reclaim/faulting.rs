@@ -94,8 +94,8 @@ fn alloc_within(core: &Core, order: u8, held: Option<usize>) -> Result<Frame, Sh
 /// faulting, they take turns). Waits rather than fail the fault: while
 /// other faults are being served the wait goes on (up to `WAIT_SERVED`);
 /// after `WAIT_STUCK` without any, the fault is refused (SIGBUS, cause
-/// queued). Moves being retried count as progress ([`progress_made`]),
-/// and store calls too (in flight, or ended either way): a slow store, or
+/// queued). Pages evicted and moves being retried count as progress
+/// ([`progress_made`]), and store calls too (in flight, or ended either way): a slow store, or
 /// one failing while a server restarts or fails over, keeps write-backs
 /// and fills going, and the fault waits for them up to `WAIT_SERVED`.
 fn wait_for_frame(
@@ -135,13 +135,17 @@ const WAIT_STUCK: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a fault waits for a frame while others are served.
 const WAIT_SERVED: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Progress that may free a frame: faults served, and rounds of moves the
+/// Progress that may free a frame: faults served; pages evicted, by any
+/// pass (frames freed that someone else took: a shrinking budget withholds
+/// what reclaim frees for up to 5 s, and a 2 MiB fault waits while 4 KiB
+/// frames are freed until a whole block is); and rounds of moves the
 /// kernel refuses for a moment (a fault retrying its move holds its frame
 /// for up to a few move deadlines: with a budget of one frame, the one the
 /// waiting fault will get next).
 fn progress_made(core: &Core) -> u64 {
     core.stats.faults_4k.load(Ordering::Relaxed)
         + core.stats.faults_2m.load(Ordering::Relaxed)
+        + core.stats.evicted.load(Ordering::Relaxed)
         + core.stats.move_retries.load(Ordering::Relaxed)
 }
 

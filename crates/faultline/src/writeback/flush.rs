@@ -67,9 +67,8 @@ struct Taken<'a> {
 ///
 /// Locks: a page's lock is only tried while the batch holds others; one
 /// that is held is waited for only after the batch is written and its
-/// locks let go — the fault path and reclaim wait for a lock holding none
-/// (and migration takes its locks in ascending order), so waiting while
-/// holding none cannot close a cycle.
+/// locks let go — the fault path, reclaim and migration wait for a lock
+/// holding none, so waiting while holding none cannot close a cycle.
 pub(crate) fn write_back(
     core: &Core,
     r: &RegionInner,
