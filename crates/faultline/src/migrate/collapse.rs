@@ -8,10 +8,12 @@
 //! failure leaves pages parked, never lost. Locks: the block's fault
 //! locks (`FaultLocks::lock_all`: a held one is waited for holding none),
 //! then leaf locks; the target frame is taken and its THP re-formed
-//! (`MADV_COLLAPSE`, which may compact memory) before them.
+//! (`MADV_COLLAPSE`, which may compact memory) before them, and given back
+//! while the locks stay held elsewhere for more than 20 ms (a fault holding
+//! one may be waiting for a frame).
 
 use super::{
-    lock_batch, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,
+    lock_indices, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,
 };
 use crate::config::PageSize;
 use crate::core::Core;
@@ -41,19 +43,32 @@ pub(crate) fn collapse(
     if in_one_frame(core, &block_pages(r, block.clone())?, pool, addr) {
         return Ok(false);
     }
-    let Some(huge) = crate::budget::alloc_in(core, pool, HUGE_ORDER) else {
-        return Err(MigrateError::PoolFull {
-            pool,
-            addr,
-            pages: PAGES_PER_HUGE,
-        });
+    let mut idx = lock_indices(core, r, block.clone());
+    let (huge, _guards) = loop {
+        let Some(huge) = crate::budget::alloc_in(core, pool, HUGE_ORDER) else {
+            return Err(MigrateError::PoolFull {
+                pool,
+                addr,
+                pages: PAGES_PER_HUGE,
+            });
+        };
+        // Re-form the target's THP if it was split (a copy inside the pool;
+        // the frame is ours and holds nothing yet) before the block's fault
+        // locks are taken: MADV_COLLAPSE may compact memory for a long
+        // while, and every fault that hashes to those locks would wait for
+        // it.
+        core.pool.make_huge(&huge);
+        // Holding 512 frames, wait for the locks only briefly: a fault
+        // holding one of them may be waiting for a frame (for a 2 MiB page,
+        // for this one), and would be refused after 2 s without progress.
+        // Past that, the frame goes back while the locks are waited for
+        // with nothing held, and it is taken again.
+        if let Some(guards) = core.locks.lock_all_within(&mut idx, FRAME_HELD_WAIT) {
+            break (huge, guards);
+        }
+        core.alloc.free(huge);
+        drop(core.locks.lock_all(&mut idx));
     };
-    // Re-form the target's THP if it was split (a copy inside the pool; the
-    // frame is ours and holds nothing yet) before the block's fault locks
-    // are taken: MADV_COLLAPSE may compact memory for a long while, and
-    // every fault that hashes to those locks would wait for it.
-    core.pool.make_huge(&huge);
-    let _guards = lock_batch(core, r, block.clone());
     let todo = match block_pages(r, block) {
         Ok(todo) if !r.dying() && !in_one_frame(core, &todo, pool, addr) => Ok(todo),
         Ok(_) => Err(None),
@@ -101,6 +116,10 @@ pub(crate) fn collapse(
     Stats::bump(&core.stats.collapses);
     Ok(true)
 }
+
+/// The longest a collapse waits for its block's fault locks while it holds
+/// its target frame.
+const FRAME_HELD_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Refuses what cannot be collapsed: no such pool, a 2 MiB region, or not a
 /// whole block.

@@ -182,13 +182,17 @@ fn lock_batch<'a>(
     r: &RegionInner,
     batch: std::ops::Range<usize>,
 ) -> Vec<crate::locks::FaultGuard<'a>> {
-    let mut idx: Vec<usize> = batch
+    core.locks.lock_all(&mut lock_indices(core, r, batch))
+}
+
+/// The fault locks of a batch's pages (unsorted, with repeats).
+fn lock_indices(core: &Core, r: &RegionInner, batch: std::ops::Range<usize>) -> Vec<usize> {
+    batch
         .map(|p| {
             let (d, k) = r.lock_key(p);
             core.locks.index(d, k)
         })
-        .collect();
-    core.locks.lock_all(&mut idx)
+        .collect()
 }
 
 fn migrate_batch(
