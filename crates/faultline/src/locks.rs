@@ -26,9 +26,9 @@
 //! they are leaves too — with three exceptions that cannot wait in a cycle:
 //! read-ahead only *tries* further fault locks, the reclaim hand only
 //! *tries* the locks of the up to 32 clean pages it batches (and holds them
-//! until their drop: `reclaim/drops.rs`), and migration takes several
-//! with [`FaultLocks::lock_all`], which waits for one only while it holds
-//! none of the others.
+//! until their drop: `reclaim/drops.rs`), and migration and teardown take
+//! several with [`FaultLocks::lock_all`], in ascending order, waiting for
+//! one while holding others at most 10 ms (then holding none).
 
 use crate::config::LockMode;
 use crossbeam_utils::CachePadded;
@@ -83,6 +83,11 @@ fn waited(mut g: MutexGuard<'_, LockStat>, t: Instant) -> MutexGuard<'_, LockSta
     g.wait_ns += t.elapsed().as_nanos() as u64;
     g
 }
+
+/// The longest [`FaultLocks::lock_all`] waits for a lock while it holds
+/// others: far below the 2 s after which a fault waiting for a frame
+/// without progress is refused, far above a fault's usual hold.
+const HOLDING_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// This thread's kernel id, cached (0 never names a thread).
 pub(crate) fn this_thread() -> u32 {
@@ -143,29 +148,34 @@ impl FaultLocks {
         self.lock_index(self.index(domain, page))
     }
 
-    /// Takes every lock in `indices` (sorted and deduplicated first). For
-    /// migration, which holds a whole 2 MiB block's pages.
+    /// Takes every lock in `indices` (masked, sorted and deduplicated
+    /// first). For migration, which holds a whole 2 MiB block's pages, and
+    /// teardown.
     ///
-    /// It never waits for one lock while holding another: it tries them in
-    /// ascending order, and at the first one held elsewhere lets go of all
-    /// it took, waits for that one alone, then tries the rest again. A
-    /// thread holding one fault lock may wait for something only a page
-    /// under another lock can give — a fault under a full budget waits for
-    /// reclaim to free a frame, and reclaim only *tries* locks — so a taker
-    /// that waited holding the rest would leave that fault nothing to
-    /// reclaim until the fault gave up: with 8 locks, a migration of a 4
-    /// KiB region's block holding 7 and waiting for the eighth stops a 2 MiB
-    /// fault holding it from evicting any page under the 7, and after 2 s
-    /// without progress the fault is refused.
+    /// It goes in ascending order, but waits for a lock held elsewhere
+    /// while holding lower ones only up to [`HOLDING_WAIT`]; past that it
+    /// lets go of all it took, waits for that lock alone, lets it go and
+    /// starts again. A thread holding one fault lock may wait for something
+    /// only a page under another lock can give — a fault under a full
+    /// budget waits for reclaim to free a frame, and reclaim only *tries*
+    /// locks — so a taker that waited for it holding the rest would leave
+    /// that fault nothing to reclaim until the fault gave up: with 8 locks,
+    /// a migration of a 4 KiB region's block holding 7 and waiting for the
+    /// eighth stops a 2 MiB fault holding it from evicting any page under
+    /// the 7, and after 2 s without progress the fault is refused. The
+    /// bounded waits, not tries, keep a large set going on a busy machine:
+    /// teardown may take the whole table, which is never all free at one
+    /// instant while faults come and go.
     pub fn lock_all(&self, indices: &mut Vec<usize>) -> Vec<FaultGuard<'_>> {
         let all = self.lock_all_until(indices, None);
         // Without a deadline every wait ends with the lock taken.
         all.unwrap_or_default()
     }
 
-    /// [`FaultLocks::lock_all`], giving up after `limit`: `None` if some
-    /// lock stayed held that long (by a worker inside a store call that does
-    /// not return). For teardown, which must not hang.
+    /// [`FaultLocks::lock_all`], giving up after `limit`: `None`, holding
+    /// nothing, if some lock stayed held that long (by a worker inside a
+    /// store call that does not return). For teardown, which must not
+    /// hang, and collapse, which holds a frame meanwhile.
     pub fn lock_all_within(
         &self,
         indices: &mut Vec<usize>,
@@ -181,32 +191,48 @@ impl FaultLocks {
         indices: &mut Vec<usize>,
         deadline: Option<Instant>,
     ) -> Option<Vec<FaultGuard<'_>>> {
+        for i in indices.iter_mut() {
+            *i &= self.mask;
+        }
         indices.sort_unstable();
         indices.dedup();
-        // The lock found held on the last try, waited for first.
-        let mut busy: Option<usize> = None;
         loop {
             let mut held = Vec::with_capacity(indices.len());
-            let waited_for = busy.take();
-            if let Some(i) = waited_for {
-                held.push(match deadline {
-                    None => self.lock_index(i),
-                    Some(d) => self.lock_index_until(i, d)?,
-                });
-            }
-            for &i in indices.iter().filter(|&&i| Some(i) != waited_for) {
-                match self.try_lock_index(i) {
+            let mut stalled = None;
+            for &i in indices.iter() {
+                let until = if held.is_empty() {
+                    deadline
+                } else {
+                    let bound = Instant::now() + HOLDING_WAIT;
+                    Some(deadline.map_or(bound, |d| d.min(bound)))
+                };
+                match self.lock_index_by(i, until) {
                     Some(g) => held.push(g),
                     None => {
-                        busy = Some(i);
+                        stalled = Some(i);
                         break;
                     }
                 }
             }
-            if busy.is_none() {
+            let Some(i) = stalled else {
                 return Some(held);
+            };
+            drop(held);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
             }
-            // `held` drops here: nothing is held while the next wait lasts.
+            // Holding nothing: wait for the stalled lock alone, then again
+            // from the lowest.
+            drop(self.lock_index_by(i, deadline)?);
+        }
+    }
+
+    /// Takes lock `index`, waiting until `deadline` (`None`: as long as
+    /// it takes); `None` if it passed.
+    fn lock_index_by(&self, index: usize, deadline: Option<Instant>) -> Option<FaultGuard<'_>> {
+        match deadline {
+            None => Some(self.lock_index(index)),
+            Some(d) => self.lock_index_until(index, d),
         }
     }
 
@@ -343,9 +369,10 @@ mod tests {
         let held = l.lock_index(5);
         std::thread::scope(|s| {
             let taker = s.spawn(|| l.lock_all(&mut vec![5, 1, 3, 1]).len());
-            // The taker tries 1 and 3, finds 5 held, lets go and waits:
-            // lock 1 is free again within a second (waiting while holding
-            // it, it would stay held until 5 is let go).
+            // The taker takes 1 and 3, waits 10 ms for 5, lets go and
+            // waits for 5 alone: locks 1 and 3 are free again within a
+            // second (waiting while holding them, it would keep them until
+            // 5 is let go).
             let deadline = Instant::now() + std::time::Duration::from_secs(1);
             let mut took_one = false;
             while !took_one && Instant::now() < deadline {
@@ -418,6 +445,48 @@ mod tests {
                     enter(&[n % 8]);
                 }
             });
+        });
+    }
+
+    /// The whole table (as teardown takes it) while threads keep taking
+    /// and letting go of single locks, each held a while: never all free
+    /// at one instant, yet the taker gets through, and soon.
+    #[test]
+    fn lock_all_of_the_whole_table_gets_through_busy_faults() {
+        let l = FaultLocks::new(LockMode::Hashed, 64);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let taken = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..6usize {
+                let (l, stop, taken) = (&l, &stop, &taken);
+                s.spawn(move || {
+                    let mut n = t * 11;
+                    while !stop.load(Ordering::Relaxed) {
+                        let _g = l.lock_index(n % 64);
+                        taken.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        n += 7;
+                    }
+                });
+            }
+            // Every thread holding a lock nearly all the time.
+            while taken.load(Ordering::Relaxed) < 60 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            for _ in 0..5 {
+                let t = Instant::now();
+                let all =
+                    l.lock_all_within(&mut (0..64).collect(), std::time::Duration::from_secs(5));
+                let got = all.map(|g| g.len());
+                assert_eq!(got, Some(64), "the whole table within 5 s");
+                assert!(
+                    t.elapsed() < std::time::Duration::from_secs(2),
+                    "{:?}",
+                    t.elapsed()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            stop.store(true, Ordering::Relaxed);
         });
     }
 }

@@ -6,11 +6,10 @@
 //! Invariant: as for migration — each page's data is at every moment in
 //! exactly one of the region, its old frame's slot, or the huge frame; a
 //! failure leaves pages parked, never lost. Locks: the block's fault
-//! locks (`FaultLocks::lock_all`: a held one is waited for holding none),
-//! then leaf locks; the target frame is taken and its THP re-formed
-//! (`MADV_COLLAPSE`, which may compact memory) before them, and given back
-//! while the locks stay held elsewhere for more than 20 ms (a fault holding
-//! one may be waiting for a frame).
+//! locks (`FaultLocks::lock_all`), then leaf locks; the target frame is taken and its THP re-formed
+//! (`MADV_COLLAPSE`, which may compact memory) before them; if the locks
+//! stay held elsewhere for 20 ms it is given back (a fault holding one may
+//! be waiting for a frame) and taken again under them.
 
 use super::{
     lock_indices, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,
@@ -18,6 +17,7 @@ use super::{
 use crate::config::PageSize;
 use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
+use crate::locks::FaultGuard;
 use crate::region::{PageState, RegionInner};
 use crate::stats::Stats;
 use faultline_sys::{HUGE_PAGE_SIZE, PAGE_SIZE};
@@ -44,31 +44,7 @@ pub(crate) fn collapse(
         return Ok(false);
     }
     let mut idx = lock_indices(core, r, block.clone());
-    let (huge, _guards) = loop {
-        let Some(huge) = crate::budget::alloc_in(core, pool, HUGE_ORDER) else {
-            return Err(MigrateError::PoolFull {
-                pool,
-                addr,
-                pages: PAGES_PER_HUGE,
-            });
-        };
-        // Re-form the target's THP if it was split (a copy inside the pool;
-        // the frame is ours and holds nothing yet) before the block's fault
-        // locks are taken: MADV_COLLAPSE may compact memory for a long
-        // while, and every fault that hashes to those locks would wait for
-        // it.
-        core.pool.make_huge(&huge);
-        // Holding 512 frames, wait for the locks only briefly: a fault
-        // holding one of them may be waiting for a frame (for a 2 MiB page,
-        // for this one), and would be refused after 2 s without progress.
-        // Past that, the frame goes back while the locks are waited for
-        // with nothing held, and it is taken again.
-        if let Some(guards) = core.locks.lock_all_within(&mut idx, FRAME_HELD_WAIT) {
-            break (huge, guards);
-        }
-        core.alloc.free(huge);
-        drop(core.locks.lock_all(&mut idx));
-    };
+    let (huge, _guards) = frame_then_locks(core, &mut idx, pool, addr)?;
     let todo = match block_pages(r, block) {
         Ok(todo) if !r.dying() && !in_one_frame(core, &todo, pool, addr) => Ok(todo),
         Ok(_) => Err(None),
@@ -115,6 +91,39 @@ pub(crate) fn collapse(
     report.pages += PAGES_PER_HUGE;
     Stats::bump(&core.stats.collapses);
     Ok(true)
+}
+
+/// The target frame, then the block's fault locks `idx`. Holding 512
+/// frames, the locks are waited for only briefly: a fault holding one of
+/// them may be waiting for a frame (for a 2 MiB page, for this one), and is
+/// refused after 2 s without progress. Past that, the frame goes back while
+/// the locks are waited for, and a frame is taken again under them (and
+/// re-formed there: a rare, slower path).
+fn frame_then_locks<'a>(
+    core: &'a Core,
+    idx: &mut Vec<usize>,
+    pool: PoolId,
+    addr: usize,
+) -> Result<(Frame, Vec<FaultGuard<'a>>), MigrateError> {
+    let full = || MigrateError::PoolFull {
+        pool,
+        addr,
+        pages: PAGES_PER_HUGE,
+    };
+    let huge = crate::budget::alloc_in(core, pool, HUGE_ORDER).ok_or_else(full)?;
+    // Re-form the target's THP if it was split (a copy inside the pool; the
+    // frame is ours and holds nothing yet) before the block's fault locks
+    // are taken: MADV_COLLAPSE may compact memory for a long while, and
+    // every fault that hashes to those locks would wait for it.
+    core.pool.make_huge(&huge);
+    if let Some(guards) = core.locks.lock_all_within(idx, FRAME_HELD_WAIT) {
+        return Ok((huge, guards));
+    }
+    core.alloc.free(huge);
+    let guards = core.locks.lock_all(idx);
+    let huge = crate::budget::alloc_in(core, pool, HUGE_ORDER).ok_or_else(full)?;
+    core.pool.make_huge(&huge);
+    Ok((huge, guards))
 }
 
 /// The longest a collapse waits for its block's fault locks while it holds

@@ -4,8 +4,8 @@
 //!
 //! Protocol for a batch of pages (one page of a 2 MiB region, or up to 512
 //! pages of one 2 MiB block of a 4 KiB region), as in the kernel:
-//! 1. take every fault lock of the batch ([`FaultLocks::lock_all`]: waits for
-//!    a held one holding none of the others);
+//! 1. take every fault lock of the batch ([`FaultLocks::lock_all`]: ascending,
+//!    waiting at most 10 ms for a held one while holding others);
 //! 2. allocate every new frame in the target pool first — a pool without room
 //!    fails the batch before anything moved ([`MigrateError::PoolFull`]);
 //! 3. move each resident page out of the region into its old frame's pool

@@ -4,8 +4,9 @@
 //! refused (SIGBUS, cause queued, [`Shortage`] says which) only when
 //! nothing can free a frame: no reclaimable page holds one, no other
 //! store-backed fault or reclaim pass is in flight (seen so on both sides
-//! of a failed take, and again after a pause: [`settle`]), or no fault at
-//! all was served for [`WAIT_STUCK`].
+//! of a failed take, and again after a pause: [`settle`]), or nothing made
+//! progress for [`WAIT_STUCK`] (no fault served, page evicted, move retried
+//! or store call made: [`progress_made`]).
 //!
 //! Locks: those of [`super::reclaim`] (fault locks by `try_lock`); the
 //! caller holds its own page's fault lock (`held`).
@@ -95,9 +96,10 @@ fn alloc_within(core: &Core, order: u8, held: Option<usize>) -> Result<Frame, Sh
 /// other faults are being served the wait goes on (up to `WAIT_SERVED`);
 /// after `WAIT_STUCK` without any, the fault is refused (SIGBUS, cause
 /// queued). Pages evicted and moves being retried count as progress
-/// ([`progress_made`]), and store calls too (in flight, or ended either way): a slow store, or
-/// one failing while a server restarts or fails over, keeps write-backs
-/// and fills going, and the fault waits for them up to `WAIT_SERVED`.
+/// ([`progress_made`]), and store calls too (in flight, or ended either
+/// way): a slow store, or one failing while a server restarts or fails
+/// over, keeps write-backs and fills going, and the fault waits for them
+/// up to `WAIT_SERVED`.
 fn wait_for_frame(
     core: &Core,
     order: u8,

@@ -67,8 +67,9 @@ struct Taken<'a> {
 ///
 /// Locks: a page's lock is only tried while the batch holds others; one
 /// that is held is waited for only after the batch is written and its
-/// locks let go — the fault path, reclaim and migration wait for a lock
-/// holding none, so waiting while holding none cannot close a cycle.
+/// locks let go — the fault path and reclaim wait for a lock holding none,
+/// and migration waits holding others at most 10 ms, so no wait closes a
+/// cycle for good.
 pub(crate) fn write_back(
     core: &Core,
     r: &RegionInner,
