@@ -280,10 +280,10 @@ fn a_flush_writes_in_batches_and_names_the_page_that_fails() {
     let pages = 2048;
     // No read-ahead: the second half's unwritten pages stay absent, so its
     // dirty pages are scattered. Read ahead, the pages between them were
-    // resident too, with no fingerprint (a run's pages are hashed only at
-    // eviction), so they counted as dirty and went with them — consecutive
-    // batches only, as in a CI run where the stream's windows reached
-    // across the second half.
+    // resident too, with no fingerprint (a window a stream of write faults
+    // offers fills without one: docs/measurements.md §26), so they counted
+    // as dirty and went with them — consecutive batches only, as in a CI
+    // run where the stream's windows reached across the second half.
     let r = mm
         .map_shared(
             pages * 4096,
