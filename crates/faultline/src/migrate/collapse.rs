@@ -6,10 +6,11 @@
 //! Invariant: as for migration — each page's data is at every moment in
 //! exactly one of the region, its old frame's slot, or the huge frame; a
 //! failure leaves pages parked, never lost. Locks: the block's fault
-//! locks (`FaultLocks::lock_all`), then leaf locks; the target frame is taken and its THP re-formed
-//! (`MADV_COLLAPSE`, which may compact memory) before them; if the locks
-//! stay held elsewhere for 20 ms it is given back (a fault holding one may
-//! be waiting for a frame) and taken again under them.
+//! locks (`FaultLocks::lock_all`), then leaf locks; the target frame is
+//! taken and its THP re-formed (`MADV_COLLAPSE`, which may compact memory)
+//! before them; if the locks stay held elsewhere for 20 ms it is given
+//! back (a fault holding one may be waiting for a frame) and taken again
+//! under them.
 
 use super::{
     lock_indices, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,
