@@ -11,6 +11,7 @@ mod common;
 use common::{config, in_child, manager_with, map_file, rss, run_in_child, ScratchDir, MIB};
 use faultline::store::Zero;
 use faultline::{BudgetError, MapOptions, Region};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const PAGE: usize = 4096;
@@ -334,11 +335,12 @@ fn overhead_frames_give_way_to_faults_that_fit_the_budget() {
 }
 
 /// Pages kept in memory, each write taking `write_ms` (a slow remote
-/// store); pages never written read as zeros.
+/// store; the test may lower it once it has measured what it needs, so
+/// the rest of the test does not wait); pages never written read as zeros.
 #[derive(Debug, Default)]
 struct SlowWrites {
     pages: std::sync::Mutex<std::collections::HashMap<u64, Vec<u8>>>,
-    write_ms: u64,
+    write_ms: AtomicU64,
 }
 
 impl faultline::Store for SlowWrites {
@@ -356,7 +358,8 @@ impl faultline::Store for SlowWrites {
     }
 
     fn write(&self, page: u64, buf: &[u8]) -> Result<(), faultline::StoreError> {
-        std::thread::sleep(Duration::from_millis(self.write_ms));
+        let ms = self.write_ms.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(ms));
         self.pages.lock().expect("pages").insert(page, buf.to_vec());
         Ok(())
     }
@@ -369,17 +372,24 @@ impl faultline::Store for SlowWrites {
 /// Issue 39 item 3d: the doc promised `Busy` after 5 s, but a shrink went
 /// on as long as each reclaim pass freed something (7.8 s under faulting
 /// threads). Here every eviction is a 10 ms store write and the shrink
-/// needs about a thousand of them (over 10 s): it must stop at 5 s (plus
-/// the store run under way), `Busy` with what it reached, every byte kept.
+/// needs about 3,600 of them: 36 s page by page, 18 s with the background
+/// reclaimer writing beside it. It must stop at 5 s plus the store call
+/// under way — one run of up to 256 pages, which this store writes page
+/// by page (2.56 s) — `Busy` with what it reached, every byte kept. (A
+/// first version needed a thousand writes and allowed 7 s: two writers
+/// finished them in 5 s once, and a run under way at the deadline took a
+/// shrink to 7.6 s another time, both in CI, both within the promise.)
 #[test]
 fn a_shrink_ends_within_its_five_seconds() {
-    let mm = manager_with(config(8 * MIB));
+    let mut c = config(20 * MIB);
+    c.budget_max = Some(20 * MIB);
+    let mm = manager_with(c);
     let store = std::sync::Arc::new(SlowWrites {
-        write_ms: 10,
+        write_ms: 10.into(),
         ..SlowWrites::default()
     });
     let r = mm
-        .map_shared(6 * MIB, store, MapOptions::new())
+        .map_shared(16 * MIB, store.clone(), MapOptions::new())
         .expect("map");
     for off in (0..r.len()).step_by(PAGE) {
         r.store_u64(off, off as u64 | 1).expect("write");
@@ -387,16 +397,29 @@ fn a_shrink_ends_within_its_five_seconds() {
     let t0 = Instant::now();
     let res = mm.set_budget(2 * MIB);
     let took = t0.elapsed();
-    assert!(took < Duration::from_secs(7), "the shrink took {took:?}");
+    println!("shrink: {took:?}, {res:?}, {}", mm.stats());
+    // 5 s, one run of 256 pages written page by page, and slack for a
+    // loaded machine.
+    let promise = Duration::from_secs(5) + 256 * Duration::from_millis(10);
+    assert!(
+        took < promise + Duration::from_secs(2),
+        "the shrink took {took:?}"
+    );
     match res {
         Err(BudgetError::Busy { bytes, reached }) => {
             assert_eq!(bytes, 2 * MIB);
-            assert!((2 * MIB..8 * MIB).contains(&reached), "reached {reached}");
+            assert!((2 * MIB..20 * MIB).contains(&reached), "reached {reached}");
             let text = BudgetError::Busy { bytes, reached }.to_string();
             assert!(text.contains("within 5 s"), "{text}");
         }
-        other => panic!("over a thousand 10 ms writes cannot fit in 5 s: {other:?}"),
+        other => panic!("3,600 writes of 10 ms cannot fit in 7.6 s: {other:?}"),
     }
+    // Writes fast again (what is left to check is the bytes, not the
+    // time: the background reclaimer may still be finishing a run, and
+    // close writes back every dirty page), and the budget back, so reading
+    // every page back evicts nothing.
+    store.write_ms.store(0, Ordering::Relaxed);
+    mm.set_budget(20 * MIB).expect("grow");
     for off in (0..r.len()).step_by(PAGE) {
         assert_eq!(r.load_u64(off).expect("read"), off as u64 | 1, "{off}");
     }

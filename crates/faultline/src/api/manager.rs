@@ -263,9 +263,12 @@ impl Manager {
     /// (up to [`crate::Config::budget_max`]) populates more pool.
     ///
     /// A shrink returns within about 5 s: it reclaims until the budget is
-    /// down or 5 s have passed, finishing only the store write under way
-    /// then (a slow store's one call, e.g. a Redis write waiting out
-    /// `RedisOptions::retry_for`, can add its own time). Threads that fault
+    /// down or 5 s have passed, finishing only the store call under way
+    /// then. That call writes one run of up to 256 pages (1 MiB), so a
+    /// slow store adds its time: a store that writes a run page by page
+    /// (the default [`crate::Store::write_pages`]) up to 256 of its page
+    /// writes, a Redis write waiting out `RedisOptions::retry_for` that
+    /// wait. Threads that fault
     /// meanwhile compete for the frames reclaim frees, so under load a
     /// shrink may end `Busy` short of the target even though every page is
     /// evictable; calling again goes on from what was reached.
