@@ -200,6 +200,11 @@ impl FaultLocks {
             let mut held = Vec::with_capacity(indices.len());
             let mut stalled = None;
             for &i in indices.iter() {
+                // A free lock is taken without reading the clock.
+                if let Some(g) = self.try_lock_index(i) {
+                    held.push(g);
+                    continue;
+                }
                 let until = if held.is_empty() {
                     deadline
                 } else {

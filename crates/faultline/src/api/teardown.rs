@@ -188,12 +188,7 @@ fn release_range(core: &Core, r: &RegionInner) {
     let mut idx: Vec<usize> = if windows >= core.locks.count() {
         (0..core.locks.count()).collect()
     } else {
-        (0..windows)
-            .map(|w| {
-                let (domain, key) = r.lock_key(w * step);
-                core.locks.index(domain, key)
-            })
-            .collect()
+        r.lock_indices(&core.locks, (0..windows).map(|w| w * step))
     };
     if core
         .locks
@@ -224,13 +219,7 @@ fn free_window(core: &Core, r: &RegionInner, w: Range<usize>, freed: &mut Vec<Fr
     }
     // The window's locks (one, unless a file offset not aligned to the
     // window splits it between two file windows).
-    let mut idx: Vec<usize> = w
-        .clone()
-        .map(|p| {
-            let (domain, key) = r.lock_key(p);
-            core.locks.index(domain, key)
-        })
-        .collect();
+    let mut idx = r.lock_indices(&core.locks, w.clone());
     let Some(_g) = core.locks.lock_all_within(&mut idx, SHUTDOWN_WAIT) else {
         // A worker holds it, stuck in a store call: leave the window's
         // frames (they leak) rather than hang the drop.

@@ -12,9 +12,7 @@
 //! back (a fault holding one may be waiting for a frame) and taken again
 //! under them.
 
-use super::{
-    lock_indices, move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo,
-};
+use super::{move_in, move_out, run_copy, runs, CopyPlan, MigrateError, MigrateReport, Todo};
 use crate::config::PageSize;
 use crate::core::Core;
 use crate::frame::{Frame, FrameAllocator, PoolId, HUGE_ORDER, PAGES_PER_HUGE};
@@ -44,7 +42,7 @@ pub(crate) fn collapse(
     if in_one_frame(core, &block_pages(r, block.clone())?, pool, addr) {
         return Ok(false);
     }
-    let mut idx = lock_indices(core, r, block.clone());
+    let mut idx = r.lock_indices(&core.locks, block.clone());
     let (huge, _guards) = frame_then_locks(core, &mut idx, pool, addr)?;
     let todo = match block_pages(r, block) {
         Ok(todo) if !r.dying() && !in_one_frame(core, &todo, pool, addr) => Ok(todo),

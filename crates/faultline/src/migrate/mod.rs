@@ -182,17 +182,7 @@ fn lock_batch<'a>(
     r: &RegionInner,
     batch: std::ops::Range<usize>,
 ) -> Vec<crate::locks::FaultGuard<'a>> {
-    core.locks.lock_all(&mut lock_indices(core, r, batch))
-}
-
-/// The fault locks of a batch's pages (unsorted, with repeats).
-fn lock_indices(core: &Core, r: &RegionInner, batch: std::ops::Range<usize>) -> Vec<usize> {
-    batch
-        .map(|p| {
-            let (d, k) = r.lock_key(p);
-            core.locks.index(d, k)
-        })
-        .collect()
+    core.locks.lock_all(&mut r.lock_indices(&core.locks, batch))
 }
 
 fn migrate_batch(

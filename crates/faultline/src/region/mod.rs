@@ -243,6 +243,23 @@ impl RegionInner {
         }
     }
 
+    /// The indices in `locks` of the fault locks of `pages` (in their
+    /// order, with repeats: [`crate::locks::FaultLocks::lock_all`] sorts
+    /// and dedups them), for a caller that takes a whole set at once.
+    pub(crate) fn lock_indices(
+        &self,
+        locks: &crate::locks::FaultLocks,
+        pages: impl IntoIterator<Item = usize>,
+    ) -> Vec<usize> {
+        pages
+            .into_iter()
+            .map(|p| {
+                let (domain, key) = self.lock_key(p);
+                locks.index(domain, key)
+            })
+            .collect()
+    }
+
     /// The pages of the lock window holding `page`.
     pub fn window(&self, page: usize) -> std::ops::Range<usize> {
         let start = page >> self.window_shift << self.window_shift;

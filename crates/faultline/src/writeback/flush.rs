@@ -200,12 +200,7 @@ fn park_run<'a>(
     if n == 0 {
         return None;
     }
-    let locks = (page..page + n)
-        .map(|p| {
-            let (domain, key) = r.lock_key(p);
-            core.locks.index(domain, key)
-        })
-        .collect();
+    let locks = r.lock_indices(&core.locks, page..page + n);
     Some(ParkedRun {
         frame,
         locks,
