@@ -47,9 +47,13 @@ fn pages_the_program_drops_go_back_to_the_pool_and_read_zeros() {
     let before = settled(&mm);
     dontneed(r.addr() + 16 * PAGE, 32 * PAGE);
     let after = removed(&mm, 32);
-    assert_eq!(after.removed_by_program, 32, "{after}");
-    assert_eq!(after.frames_free, before.frames_free + 32, "{after}");
-    assert_eq!(r.resident_pages(), 32);
+    // Each frame given back by the removal's handler; a page whose zap
+    // came after the handler's patience (100 ms: the `madvise` thread
+    // descheduled in between) keeps its frame until its next fault
+    // gathers it (`fault/program_drop.rs`). Both ways are counted below.
+    let given = after.removed_by_program as usize;
+    assert_eq!(after.frames_free, before.frames_free + given, "{after}");
+    assert_eq!(r.resident_pages(), 64 - given, "{after}");
     for p in 0..64 {
         let want = if (16..48).contains(&p) {
             0
@@ -58,9 +62,11 @@ fn pages_the_program_drops_go_back_to_the_pool_and_read_zeros() {
         };
         assert_eq!(byte(&r, p * PAGE + 9), want, "page {p}");
     }
+    let st = settled(&mm);
+    assert_eq!(st.removed_by_program + st.refaulted_dropped, 32, "{st}");
     // Dropping what holds nothing (never touched) gives nothing back.
     dontneed(r.addr() + 100 * PAGE, 28 * PAGE);
-    assert_eq!(settled(&mm).removed_by_program, 32);
+    assert_eq!(settled(&mm).removed_by_program as usize, given);
     assert!(mm.take_error().is_none());
 }
 
@@ -116,8 +122,14 @@ fn a_2m_page_dropped_whole_or_in_part_reads_the_store() {
     let cut = 256 * PAGE..272 * PAGE;
     dontneed(r.addr() + cut.start, cut.len());
     let after = removed(&mm, 512);
-    assert_eq!(after.removed_by_program, 512, "{after}");
-    assert_eq!(after.frames_free, before.frames_free + 512, "{after}");
+    // The whole 2 MiB page given back by the handler, or (its zap late)
+    // gathered by its next fault, as in the 4 KiB test above; the cut one
+    // is always the fault path's (16 holes refilled).
+    assert_eq!(
+        after.frames_free,
+        before.frames_free + after.removed_by_program as usize,
+        "{after}"
+    );
     for p in 0..2 * HUGE / PAGE {
         let at = p * PAGE;
         let want = if at >= HUGE || cut.contains(&at) {
@@ -127,6 +139,12 @@ fn a_2m_page_dropped_whole_or_in_part_reads_the_store() {
         };
         assert_eq!(byte(&r, at + 1), want, "page {p}");
     }
+    let st = settled(&mm);
+    assert_eq!(
+        st.removed_by_program + st.refaulted_dropped,
+        512 + 16,
+        "{st}"
+    );
     assert!(mm.take_error().is_none());
 }
 

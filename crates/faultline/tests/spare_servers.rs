@@ -18,7 +18,7 @@ const PAGE: usize = 4096;
 /// far from the others' (no read-ahead, no shared window).
 const STRIDE: usize = 64;
 /// How long each read takes: a slow disk or a far server.
-const READ: Duration = Duration::from_millis(150);
+const READ: Duration = Duration::from_millis(250);
 
 /// How many reads are in flight, and the most there were at once.
 #[derive(Debug, Default)]

@@ -170,12 +170,13 @@ impl Server {
         self.wait_ready()
     }
 
+    /// Waits until this server's own child answers on its port. A child
+    /// that exited (its port taken meanwhile) is an error even if the port
+    /// answers: the answer is another test's server's. So is an answer
+    /// from a server whose process is not the child.
     fn wait_ready(&mut self) -> Result<(), HarnessError> {
         let t = Instant::now();
         while t.elapsed() < START_WAIT {
-            if self.ping().is_ok() {
-                return Ok(());
-            }
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     self.child = None;
@@ -184,6 +185,16 @@ impl Server {
                         self.port
                     )));
                 }
+            }
+            if let Ok(pid) = self.process_id() {
+                let ours = self.child.as_ref().map(|c| c.id());
+                if Some(pid) == ours {
+                    return Ok(());
+                }
+                return Err(HarnessError::NotReady(format!(
+                    "port {} answers as redis-server process {pid}, not this one ({ours:?}): taken by another server",
+                    self.port
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -205,6 +216,27 @@ impl Server {
             .map_err(|source| HarnessError::Redis {
                 what: format!("PING 127.0.0.1:{}", self.port),
                 source,
+            })
+    }
+
+    /// The process id the server on this port reports (`INFO server`).
+    fn process_id(&self) -> Result<u32, HarnessError> {
+        let mut c = self.connection()?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut c)
+            .map_err(|source| HarnessError::Redis {
+                what: format!("INFO server on 127.0.0.1:{}", self.port),
+                source,
+            })?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| {
+                HarnessError::NotReady(format!(
+                    "INFO server on 127.0.0.1:{} has no process_id",
+                    self.port
+                ))
             })
     }
 
