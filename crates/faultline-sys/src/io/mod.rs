@@ -62,6 +62,15 @@ pub fn prepare_polling() {
     pollers::prepare();
 }
 
+/// The pollers' decisions so far in this process: (windows that allowed
+/// polling, windows in all), one window per 200 ms of reads
+/// (`pollers.rs`). A program (or a bench) that asked for polled reads
+/// learns from it whether its reads could poll at all: where the CPUs the
+/// readers may run on had none to spare, every read slept.
+pub fn polling_windows() -> (u64, u64) {
+    pollers::windows()
+}
+
 /// Reads up to `buf.len()` bytes of `fd` from byte `offset` into `buf`, like
 /// `pread(2)`: returns the bytes read (0 at the end of the file) or the
 /// read's error. With `spin > 0` the read goes through this thread's

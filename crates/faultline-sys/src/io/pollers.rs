@@ -33,7 +33,9 @@
 //! unused in the window ([`IdleTime::unused_quota`]): a process throttled
 //! by its quota while its CPUs stand idle sleeps. Not seen: threads
 //! pinned one to a CPU each read their own CPU only, busy or in iowait
-//! while they read, so they sleep.
+//! while they read, so they sleep (faultline's workers are pinned by
+//! default). [`windows`] counts the windows and those that allowed
+//! polling, for a bench to say whether its reads could poll at all.
 //!
 //! Invariant: [`POLLERS`] counts the live [`Poller`]s, and only
 //! [`Poller::enter`] (or `ungated`, in tests) makes one. No locks: relaxed
@@ -146,6 +148,10 @@ struct Gate {
     primed: AtomicBool,
     /// Whether the idle time was ever read.
     ever_read: AtomicBool,
+    /// Windows closed so far, and how many of them let the next one poll
+    /// ([`windows`]).
+    closed: AtomicU64,
+    allowing: AtomicU64,
 }
 
 impl Gate {
@@ -159,6 +165,8 @@ impl Gate {
             allowed: AtomicBool::new(false),
             primed: AtomicBool::new(false),
             ever_read: AtomicBool::new(false),
+            closed: AtomicU64::new(0),
+            allowing: AtomicU64::new(0),
         }
     }
 
@@ -179,6 +187,10 @@ impl Gate {
                     age,
                     idle(),
                 );
+                self.closed.fetch_add(1, Ordering::Relaxed);
+                if self.allowed.load(Ordering::Relaxed) {
+                    self.allowing.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         self.allowed.load(Ordering::Relaxed)
@@ -237,6 +249,17 @@ impl Gate {
             self.primed.store(false, Ordering::Relaxed);
         }
     }
+}
+
+/// The windows of this process so far, and how many of them allowed
+/// polling: (allowing, all). What a bench reports beside a row of polled
+/// reads, so that a row whose reads never polled says so.
+pub(super) fn windows() -> (u64, u64) {
+    // Relaxed: counts (module docs).
+    (
+        GATE.allowing.load(Ordering::Relaxed),
+        GATE.closed.load(Ordering::Relaxed),
+    )
 }
 
 /// The process's reference instant for [`GATE`]'s times.
@@ -358,6 +381,15 @@ mod tests {
         assert!(!m.reads(&gate, 200, us(900)));
         assert!(m.reads(&gate, 200, us(900)));
         assert!(m.reads(&gate, 200, us(550)));
+        // The counts a bench reports: the first read's opening and the 10
+        // windows closed (one per `reads`), 3 of which let the next poll.
+        let counts = |g: &Gate| {
+            (
+                g.allowing.load(Ordering::Relaxed),
+                g.closed.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(counts(&gate), (3, 11));
     }
 
     #[test]

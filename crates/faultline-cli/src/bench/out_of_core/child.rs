@@ -378,9 +378,17 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             "fault_p50_us": served.p50_us, "fault_p99_us": served.p99_us,
             "lock_contended_pct": served.lock_contended_pct,
             "lock_wait_ms": served.lock_wait_ms, "spare_serves": served.spare_serves,
-            "flush_ms": served.flush_ms})
+            "flush_ms": served.flush_ms, "poll_windows_pct": poll_windows_pct()})
     );
     Ok(())
+}
+
+/// The share of this process's 200 ms windows in which its reads were
+/// allowed to poll (`faultline_sys::io::polling_windows`), in percent;
+/// `None` where no read asked to poll.
+fn poll_windows_pct() -> Option<f64> {
+    let (allowing, all) = faultline_sys::io::polling_windows();
+    (all > 0).then(|| 100.0 * allowing as f64 / all as f64)
 }
 
 /// The kernel's `mmap` of the file, with the row's hint: ops/s, and the

@@ -221,7 +221,8 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         "vs_kernel": vs, "vs_kernel_best": vs_best,
         "fault_p50_us": c["fault_p50_us"], "fault_p99_us": c["fault_p99_us"],
         "lock_contended_pct": c["lock_contended_pct"], "lock_wait_ms": c["lock_wait_ms"],
-        "spare_serves": c["spare_serves"], "flush_ms": c["flush_ms"]}),
+        "spare_serves": c["spare_serves"], "flush_ms": c["flush_ms"],
+        "poll_windows_pct": c["poll_windows_pct"]}),
     );
     // Fault-lock acquisitions that found the lock held, and the time all
     // waited (faultline rows).
@@ -419,6 +420,8 @@ fn notes(s: &Setup, report: &mut Report) {
          gives (madvise MADV_RANDOM for random-*, MADV_SEQUENTIAL for seq-*). vs_kernel = ops/s / the unhinted \
          kernel row's; vs_kernel_best = ops/s / the faster kernel row of the same pattern. lock_waits: faultline's \
          fault-lock acquisitions that found the lock held, and the time all waited for them. \
+         poll_windows_pct (JSON, faultline rows whose reads may poll): the share of the run's 200 ms windows in \
+         which the pollers' rules let a read poll (none: every read slept, as in io direct-sleeping). \
          flush_ms (write rows): after the timed ops, the time until every page they dirtied was on the disk \
          (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
          not in ops_per_s."
