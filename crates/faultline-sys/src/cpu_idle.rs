@@ -1,10 +1,12 @@
-//! How long the CPUs the calling thread may run on have stood idle
-//! ([`cpu_idle_time`]): the measure behind the rule that lets a read poll
-//! only while a CPU is to spare (`io/pollers.rs`).
+//! How long the CPUs the calling thread may run on ([`cpu_idle_time`]), or
+//! a given set of CPUs ([`cpu_idle_time_of`], a [`CpuSet`]), have stood
+//! idle: the measure behind the rule that lets a read poll only while a
+//! CPU is to spare (`io/pollers.rs`, which reads the process's CPUs for a
+//! reader pinned within them).
 //!
-//! Which CPUs: the calling thread's affinity mask, which `taskset`, a
-//! cpuset and a container's `--cpuset-cpus` all narrow (the kernel keeps a
-//! task's mask inside its cpuset). Where the mask holds every online CPU
+//! Which CPUs: an affinity mask, which `taskset`, a cpuset and a
+//! container's `--cpuset-cpus` all narrow (the kernel keeps a task's mask
+//! inside its cpuset). Where the mask holds every online CPU
 //! the whole machine's idle time is read from `/proc/uptime` (one short
 //! line, in ns summed over the CPUs and shown to 10 ms); where it holds
 //! fewer, the idle ticks of those CPUs alone are summed from `/proc/stat`'s
@@ -54,28 +56,90 @@ pub struct IdleTime {
 /// [`IdleTime::cpus`] of a reading of every online CPU.
 pub const WHOLE_MACHINE: u64 = 0;
 
+/// A set of CPUs: an affinity mask.
+#[derive(Clone, Copy)]
+pub struct CpuSet(libc::cpu_set_t);
+
+impl CpuSet {
+    /// The calling thread's affinity mask; `None` where it cannot be read.
+    pub fn of_this_thread() -> Option<CpuSet> {
+        // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of
+        // the size passed, written by the kernel.
+        let rc =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        (rc == 0).then_some(CpuSet(set))
+    }
+
+    /// The set of the CPUs listed (those at or past `CPU_SETSIZE` left out).
+    pub fn of(cpus: &[usize]) -> CpuSet {
+        // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in cpus.iter().filter(|&&cpu| cpu < libc::CPU_SETSIZE as usize) {
+            // SAFETY: `cpu` < CPU_SETSIZE, checked above.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        CpuSet(set)
+    }
+
+    /// Whether CPU `cpu` is in the set.
+    pub fn contains(&self, cpu: usize) -> bool {
+        // SAFETY: `cpu` < CPU_SETSIZE is checked before the bit is read.
+        cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
+    }
+
+    /// How many CPUs the set holds.
+    pub fn count(&self) -> usize {
+        // SAFETY: `self.0` is a valid, initialised cpu_set_t.
+        usize::try_from(unsafe { libc::CPU_COUNT(&self.0) }).unwrap_or(0)
+    }
+
+    /// Whether every CPU of this set is in `other` too.
+    pub fn is_within(&self, other: &CpuSet) -> bool {
+        (0..libc::CPU_SETSIZE as usize).all(|cpu| !self.contains(cpu) || other.contains(cpu))
+    }
+}
+
+impl std::fmt::Debug for CpuSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&cpu| self.contains(cpu));
+        f.debug_set().entries(cpus).finish()
+    }
+}
+
 /// The idle time of the CPUs the calling thread may run on (see the
 /// module documentation); `None` where the files cannot be read.
 pub fn cpu_idle_time() -> Option<IdleTime> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the
-    // size passed, written by the kernel.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    // SAFETY: `set` is a valid, initialised cpu_set_t.
-    let allowed = usize::try_from(unsafe { libc::CPU_COUNT(&set) }).unwrap_or(0);
-    let narrower =
-        rc == 0 && allowed > 0 && machine_online_cpus().is_some_and(|online| allowed < online);
-    // A narrower mask whose CPUs `/proc/stat` does not show (a container's
+    match CpuSet::of_this_thread() {
+        Some(set) => cpu_idle_time_of(&set),
+        None => whole_machine_idle_time(),
+    }
+}
+
+/// The idle time of the CPUs of `set` (the whole machine's, read more
+/// cheaply, where it holds every online CPU); `None` where the files
+/// cannot be read.
+pub fn cpu_idle_time_of(set: &CpuSet) -> Option<IdleTime> {
+    let allowed = set.count();
+    let narrower = allowed > 0 && machine_online_cpus().is_some_and(|online| allowed < online);
+    // A narrower set whose CPUs `/proc/stat` does not show (a container's
     // `/proc` renumbered by LXCFS) is read as the whole machine.
-    let idle = narrower
-        .then(|| Some((fingerprint(&set), idle_of_set(&set)?)))
-        .flatten()
-        .or_else(|| Some((WHOLE_MACHINE, idle_of_machine()?)))?;
+    match narrower.then(|| idle_of_set(set)).flatten() {
+        Some(idle) => Some(IdleTime {
+            cpus: fingerprint(set),
+            idle,
+            unused_quota: unused_quota(),
+        }),
+        None => whole_machine_idle_time(),
+    }
+}
+
+/// The whole machine's [`IdleTime`].
+fn whole_machine_idle_time() -> Option<IdleTime> {
     Some(IdleTime {
-        cpus: idle.0,
-        idle: idle.1,
+        cpus: WHOLE_MACHINE,
+        idle: idle_of_machine()?,
         unused_quota: unused_quota(),
     })
 }
@@ -87,15 +151,12 @@ fn idle_of_machine() -> Option<Duration> {
 }
 
 /// The idle time of the CPUs in `set`, from `/proc/stat`.
-fn idle_of_set(set: &libc::cpu_set_t) -> Option<Duration> {
+fn idle_of_set(set: &CpuSet) -> Option<Duration> {
     // SAFETY: sysconf has no preconditions.
     let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let ticks_per_sec = u64::try_from(ticks_per_sec).ok().filter(|&t| t > 0)?;
     let stat = std::fs::File::open("/proc/stat").ok()?;
-    // SAFETY: `cpu` < CPU_SETSIZE is checked before the bit is read.
-    let in_set =
-        |cpu: usize| cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, set) };
-    let ticks = idle_ticks_of_stat(stat, in_set)?;
+    let ticks = idle_ticks_of_stat(stat, |cpu| set.contains(cpu))?;
     let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(ticks_per_sec);
     Some(Duration::from_nanos(
         u64::try_from(nanos).unwrap_or(u64::MAX),
@@ -204,12 +265,10 @@ fn line_idle(line: &[u8]) -> Option<Line> {
 
 /// A fingerprint of a CPU set (FNV-1a over its bits), never
 /// [`WHOLE_MACHINE`].
-fn fingerprint(set: &libc::cpu_set_t) -> u64 {
+fn fingerprint(set: &CpuSet) -> u64 {
     let words = (0..libc::CPU_SETSIZE as usize / 64).map(|word| {
         (0..64).fold(0u64, |bits, bit| {
-            // SAFETY: `word * 64 + bit` < CPU_SETSIZE.
-            let on = unsafe { libc::CPU_ISSET(word * 64 + bit, set) };
-            bits | (u64::from(on) << bit)
+            bits | (u64::from(set.contains(word * 64 + bit)) << bit)
         })
     });
     let hash = words.fold(0xcbf2_9ce4_8422_2325u64, |hash, word| {
@@ -309,6 +368,33 @@ mod tests {
             idle_ticks_of_stat(text.as_bytes(), |c| c >= 290),
             Some((291..=300).sum())
         );
+    }
+
+    #[test]
+    fn cpu_sets_count_contain_and_nest() {
+        let set = CpuSet::of(&[0, 3, 64, 1023, 5000]);
+        assert_eq!(set.count(), 4, "5000 is past CPU_SETSIZE");
+        assert!(set.contains(64) && !set.contains(1) && !set.contains(5000));
+        assert_eq!(format!("{set:?}"), "{0, 3, 64, 1023}");
+        assert!(CpuSet::of(&[3, 64]).is_within(&set));
+        assert!(CpuSet::of(&[]).is_within(&set));
+        assert!(!CpuSet::of(&[3, 65]).is_within(&set));
+        assert!(set.is_within(&set));
+        let own = CpuSet::of_this_thread().expect("sched_getaffinity");
+        assert_eq!(own.count(), crate::host::allowed_cpus().len());
+    }
+
+    #[test]
+    fn a_set_of_every_online_cpu_reads_the_whole_machine() {
+        let online = machine_online_cpus().expect("/sys/devices/system/cpu/online");
+        let all = CpuSet::of(&(0..online).collect::<Vec<_>>());
+        let reading = cpu_idle_time_of(&all).expect("/proc/uptime unreadable");
+        assert_eq!(reading.cpus, WHOLE_MACHINE);
+        if online > 1 {
+            let one = cpu_idle_time_of(&CpuSet::of(&[0])).expect("/proc/stat unreadable");
+            assert_ne!(one.cpus, WHOLE_MACHINE);
+            assert!(one.idle < reading.idle, "one CPU idled less than all");
+        }
     }
 
     /// Pins the calling thread to `cpus` for the life of the guard.

@@ -12,10 +12,13 @@
 //! waited 52 µs and a slept one 107 µs; one thread: 7–16% faster polled;
 //! docs/measurements.md §28). So the rule looks at the CPUs, not at the
 //! read: a window closes at the first read [`WINDOW`] or more after it
-//! began, and that reader reads how long the CPUs it may run on stood idle
-//! ([`cpu_idle_time`]: its affinity mask's CPUs — the whole machine unless
-//! `taskset` or a cpuset narrows it — idle without iowait, which is the
-//! idle time of a CPU whose task sleeps on I/O: a reader's own CPU).
+//! began, and that reader reads how long the process's CPUs stood idle
+//! ([`cpu_idle_time_of`] [`readers_cpus`]: the mask of the thread that
+//! prepared polling — the whole machine unless `taskset` or a cpuset
+//! narrows it — for a reader pinned within it, as faultline's workers
+//! are by default, else the reader's own mask; idle without iowait, which
+//! is the idle time of a CPU whose task sleeps on I/O: a reader's own
+//! CPU).
 //! Polling starts after two windows in a row in which those CPUs left at
 //! least [`START`] of a CPU idle on average while reads slept (one such
 //! window is often a burst: two program threads' runs opened on it 3
@@ -31,18 +34,20 @@
 //! Where the process has a CPU quota (cgroup `cpu.max`, v1's CFS quota),
 //! what is to spare is also bounded by the quota's CPU time the cgroup left
 //! unused in the window ([`IdleTime::unused_quota`]): a process throttled
-//! by its quota while its CPUs stand idle sleeps. Not seen: threads
-//! pinned one to a CPU each read their own CPU only, busy or in iowait
-//! while they read, so they sleep (faultline's workers are pinned by
-//! default). [`windows`] counts the windows and those that allowed
-//! polling, for a bench to say whether its reads could poll at all.
+//! by its quota while its CPUs stand idle sleeps. Why the process's CPUs
+//! for a pinned reader: its own CPU alone is busy or in iowait whenever it
+//! reads, so pinned workers reading their own never polled (0% of windows
+//! in every workers row, docs/measurements.md §29), and two of them,
+//! pinned to two CPUs, read two sets, which stops polling by itself.
+//! [`windows`] counts the windows and those that allowed polling, for a
+//! bench to say whether its reads could poll at all.
 //!
 //! Invariant: [`POLLERS`] counts the live [`Poller`]s, and only
 //! [`Poller::enter`] (or `ungated`, in tests) makes one. No locks: relaxed
 //! atomics. They guard no data; a race between two readers closing a
 //! window skews one decision at most.
 
-use crate::cpu_idle::{cpu_idle_time, IdleTime};
+use crate::cpu_idle::{cpu_idle_time_of, CpuSet, IdleTime};
 use crate::cpu_quota::Quota;
 use crate::host;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -79,7 +84,45 @@ pub(super) struct Poller(());
 /// the cap, the clock's origin), so that a first read served in a SIGBUS
 /// handler allocates nothing for them.
 pub(super) fn prepare() {
-    let _ = (Quota::of_this_process(), limit(), epoch());
+    let _ = (Quota::of_this_process(), limit(), epoch(), process_cpus());
+}
+
+/// The process's CPUs: the affinity mask of the thread that first
+/// prepared polled reads ([`prepare`]: the thread that made the first
+/// store that polls, before the manager's workers pinned themselves
+/// within that mask), read once; `None` inside where it could not be read.
+static PROCESS_CPUS: OnceLock<Option<CpuSet>> = OnceLock::new();
+
+/// [`PROCESS_CPUS`], read now if it was not yet.
+fn process_cpus() -> Option<&'static CpuSet> {
+    PROCESS_CPUS.get_or_init(CpuSet::of_this_thread).as_ref()
+}
+
+/// The CPUs whose idle time a reader on a thread whose mask is `own`
+/// reads: the process's (`process`) where its own mask lies within them —
+/// a worker pinned to one CPU, a program thread pinned likewise: its poll
+/// keeps its CPU from every thread of the process, which may run on any of
+/// the process's CPUs, so what is to spare is theirs (its own CPU, in
+/// iowait while it sleeps on a read, never is) — and its own mask where it
+/// runs elsewhere (moved by `taskset -p` since) or the process's is not
+/// known.
+fn readers_cpus(own: Option<CpuSet>, process: Option<&CpuSet>) -> Option<CpuSet> {
+    match (own, process) {
+        (Some(own), Some(process)) if own.is_within(process) => Some(*process),
+        (own, _) => own,
+    }
+}
+
+/// [`IdleTime`] of the CPUs [`readers_cpus`] picks for the calling
+/// thread. A process that never prepared knows no process's CPUs: its
+/// readers read their own masks (a reader never reads the process's mask
+/// itself, which would be its own if it is a pinned worker's).
+fn readers_idle_time() -> Option<IdleTime> {
+    let process = PROCESS_CPUS.get().and_then(Option::as_ref);
+    match readers_cpus(CpuSet::of_this_thread(), process) {
+        Some(cpus) => cpu_idle_time_of(&cpus),
+        None => crate::cpu_idle::cpu_idle_time(),
+    }
 }
 
 /// The most pollers at once: half the CPUs this process may use, at least
@@ -94,7 +137,7 @@ impl Poller {
     /// fewer than half the CPUs poll.
     pub(super) fn enter() -> Option<Poller> {
         let now = epoch().elapsed().as_nanos() as u64;
-        if !GATE.allows(now, cpu_idle_time) {
+        if !GATE.allows(now, readers_idle_time) {
             return None;
         }
         let limit = limit();
@@ -437,6 +480,38 @@ mod tests {
             m.cpus = cpus;
             assert!(!m.reads(&gate, 200, spare));
         }
+    }
+
+    #[test]
+    fn a_reader_pinned_within_the_process_reads_the_process_cpus() {
+        let process = CpuSet::of(&[0, 1, 2, 3]);
+        let cpus = |own: Option<CpuSet>, process: Option<&CpuSet>| {
+            format!("{:?}", readers_cpus(own, process))
+        };
+        // A worker pinned to CPU 2 of 0-3, and one allowed 1-3: the
+        // process's four.
+        assert_eq!(
+            cpus(Some(CpuSet::of(&[2])), Some(&process)),
+            "Some({0, 1, 2, 3})"
+        );
+        assert_eq!(
+            cpus(Some(CpuSet::of(&[1, 2, 3])), Some(&process)),
+            "Some({0, 1, 2, 3})"
+        );
+        // Moved outside the process's CPUs (taskset -p): its own.
+        assert_eq!(
+            cpus(Some(CpuSet::of(&[3, 4])), Some(&process)),
+            "Some({3, 4})"
+        );
+        // Not prepared: its own; its own unreadable: none (the caller
+        // reads its own mask's idle time the usual way).
+        assert_eq!(cpus(Some(CpuSet::of(&[2])), None), "Some({2})");
+        assert_eq!(cpus(None, Some(&process)), "None");
+        // Two workers pinned to two CPUs read one set: their windows
+        // compare (readings of two sets would stop polling).
+        let a = readers_cpus(Some(CpuSet::of(&[0])), Some(&process));
+        let b = readers_cpus(Some(CpuSet::of(&[3])), Some(&process));
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
     }
 
     #[test]

@@ -72,7 +72,14 @@ pub struct OocOpts {
     /// depth).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// Run only this pattern (repeat the option for several; default:
+    /// all four).
+    #[arg(long = "pattern", value_parser = PATTERNS)]
+    pub patterns: Vec<String>,
 }
+
+/// The patterns the bench runs, in order.
+const PATTERNS: [&str; 4] = ["random-read", "random-write", "seq-read", "seq-write"];
 
 /// The memory limit, faultline's budget and the dataset size, in bytes.
 fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usize)> {
@@ -279,9 +286,10 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
 }
 
 /// The runs of one pattern: kernel unhinted, kernel hinted, faultline with
-/// direct I/O (its default) and with buffered I/O, served by workers (the
-/// default), and with direct I/O served in the faulting thread (reads
-/// polled, the default, and sleeping in `pread`).
+/// direct I/O (its default: reads polled where the pollers' rules allow,
+/// and sleeping in `pread`) and with buffered I/O, served by workers (the
+/// default), and with direct I/O served in the faulting thread (polled and
+/// sleeping).
 fn run_pattern(
     s: &Setup,
     report: &mut Report,
@@ -327,7 +335,7 @@ fn run_pattern(
 
 /// The sides of a pattern whose kernel hint is `hint`; the two kernel rows
 /// first.
-fn sides(hint: &'static str) -> [Side; 6] {
+fn sides(hint: &'static str) -> [Side; 7] {
     let side = |system, hint, io, mode| Side {
         system,
         hint,
@@ -338,6 +346,7 @@ fn sides(hint: &'static str) -> [Side; 6] {
         side("kernel", "none", "mmap", "-"),
         side("kernel", hint, "mmap", "-"),
         side("faultline", "-", "direct", "workers"),
+        side("faultline", "-", "direct-sleeping", "workers"),
         side("faultline", "-", "buffered", "workers"),
         side("faultline", "-", "direct", "in-thread"),
         side("faultline", "-", "direct-sleeping", "in-thread"),
@@ -379,7 +388,10 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
         "faultline_servers": s.servers.join(" "),
         "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
         "ops_per_thread": s.ops, "threads": s.threads, "time_cap_s": s.secs});
-    let patterns = ["random-read", "random-write", "seq-read", "seq-write"];
+    let patterns: Vec<&str> = PATTERNS
+        .into_iter()
+        .filter(|p| opts.patterns.is_empty() || opts.patterns.iter().any(|o| o == p))
+        .collect();
     let bar = progress(
         (patterns.len() * sides("random").len()) as u64,
         "out-of-core",
