@@ -31,7 +31,7 @@
 //! locks, no state kept between calls.
 
 use crate::cpu_quota::Quota;
-use crate::host::read_small_file;
+use crate::host::{read_small_file, CpuSet};
 use std::io::Read;
 use std::time::Duration;
 
@@ -55,58 +55,6 @@ pub struct IdleTime {
 
 /// [`IdleTime::cpus`] of a reading of every online CPU.
 pub const WHOLE_MACHINE: u64 = 0;
-
-/// A set of CPUs: an affinity mask.
-#[derive(Clone, Copy)]
-pub struct CpuSet(libc::cpu_set_t);
-
-impl CpuSet {
-    /// The calling thread's affinity mask; `None` where it cannot be read.
-    pub fn of_this_thread() -> Option<CpuSet> {
-        // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of
-        // the size passed, written by the kernel.
-        let rc =
-            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-        (rc == 0).then_some(CpuSet(set))
-    }
-
-    /// The set of the CPUs listed (those at or past `CPU_SETSIZE` left out).
-    pub fn of(cpus: &[usize]) -> CpuSet {
-        // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        for &cpu in cpus.iter().filter(|&&cpu| cpu < libc::CPU_SETSIZE as usize) {
-            // SAFETY: `cpu` < CPU_SETSIZE, checked above.
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        }
-        CpuSet(set)
-    }
-
-    /// Whether CPU `cpu` is in the set.
-    pub fn contains(&self, cpu: usize) -> bool {
-        // SAFETY: `cpu` < CPU_SETSIZE is checked before the bit is read.
-        cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
-    }
-
-    /// How many CPUs the set holds.
-    pub fn count(&self) -> usize {
-        // SAFETY: `self.0` is a valid, initialised cpu_set_t.
-        usize::try_from(unsafe { libc::CPU_COUNT(&self.0) }).unwrap_or(0)
-    }
-
-    /// Whether every CPU of this set is in `other` too.
-    pub fn is_within(&self, other: &CpuSet) -> bool {
-        (0..libc::CPU_SETSIZE as usize).all(|cpu| !self.contains(cpu) || other.contains(cpu))
-    }
-}
-
-impl std::fmt::Debug for CpuSet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&cpu| self.contains(cpu));
-        f.debug_set().entries(cpus).finish()
-    }
-}
 
 /// The idle time of the CPUs the calling thread may run on (see the
 /// module documentation); `None` where the files cannot be read.
@@ -368,20 +316,6 @@ mod tests {
             idle_ticks_of_stat(text.as_bytes(), |c| c >= 290),
             Some((291..=300).sum())
         );
-    }
-
-    #[test]
-    fn cpu_sets_count_contain_and_nest() {
-        let set = CpuSet::of(&[0, 3, 64, 1023, 5000]);
-        assert_eq!(set.count(), 4, "5000 is past CPU_SETSIZE");
-        assert!(set.contains(64) && !set.contains(1) && !set.contains(5000));
-        assert_eq!(format!("{set:?}"), "{0, 3, 64, 1023}");
-        assert!(CpuSet::of(&[3, 64]).is_within(&set));
-        assert!(CpuSet::of(&[]).is_within(&set));
-        assert!(!CpuSet::of(&[3, 65]).is_within(&set));
-        assert!(set.is_within(&set));
-        let own = CpuSet::of_this_thread().expect("sched_getaffinity");
-        assert_eq!(own.count(), crate::host::allowed_cpus().len());
     }
 
     #[test]

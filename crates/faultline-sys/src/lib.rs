@@ -10,7 +10,8 @@
 //! - [`mem`]: anonymous mappings (an owning [`mem::Mapping`]), `madvise`.
 //! - [`host`]: facts about the machine (page size, physical memory, THP mode,
 //!   current CPU and the CPUs this process may use, cycle counter).
-//! - [`cpu_idle`]: how long the CPUs the calling thread may run on stood idle.
+//! - [`cpu_idle`]: how long the CPUs the calling thread may run on (or a given
+//!   set) stood idle.
 //! - [`cpu_quota`]: the CPU quota over this process's cgroup, and how much of
 //!   it went unused.
 //! - [`cgroup`]: memory cgroups on v1 and v2 (where mounted, this process's,

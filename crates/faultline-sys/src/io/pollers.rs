@@ -47,9 +47,10 @@
 //! atomics. They guard no data; a race between two readers closing a
 //! window skews one decision at most.
 
-use crate::cpu_idle::{cpu_idle_time_of, CpuSet, IdleTime};
+use crate::cpu_idle::{cpu_idle_time_of, IdleTime};
 use crate::cpu_quota::Quota;
 use crate::host;
+use crate::host::CpuSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -512,6 +513,34 @@ mod tests {
         let a = readers_cpus(Some(CpuSet::of(&[0])), Some(&process));
         let b = readers_cpus(Some(CpuSet::of(&[3])), Some(&process));
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    }
+
+    #[test]
+    fn a_thread_pinned_to_one_cpu_reads_the_whole_process_once_prepared() {
+        // This test binary's threads all run under the process's mask (no
+        // test narrows its own before it prepares), so whichever prepared
+        // first read that mask.
+        prepare();
+        let process = PROCESS_CPUS
+            .get()
+            .and_then(Option::as_ref)
+            .copied()
+            .expect("prepare read no mask");
+        let whole = cpu_idle_time_of(&process).expect("idle time unreadable");
+        let cpu = crate::host::allowed_cpus()[0];
+        let pinned = std::thread::spawn(move || {
+            crate::host::pin_thread(cpu).expect("pin to an allowed CPU");
+            let own = CpuSet::of_this_thread().expect("sched_getaffinity");
+            (own.count(), readers_idle_time())
+        })
+        .join()
+        .expect("pinned reader");
+        assert_eq!(pinned.0, 1, "pinned to CPU {cpu}");
+        let reading = pinned.1.expect("idle time unreadable");
+        assert_eq!(
+            reading.cpus, whole.cpus,
+            "a reader pinned to CPU {cpu} reads the process's CPUs {process:?}"
+        );
     }
 
     #[test]
