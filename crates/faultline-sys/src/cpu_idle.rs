@@ -30,7 +30,7 @@
 //! interrupted `malloc`): the files are read through stack buffers. No
 //! locks, no state kept between calls.
 
-use crate::cpu_quota::Quota;
+use crate::cpu_quota::{Quota, QuotaReading};
 use crate::host::{read_small_file, CpuSet};
 use std::io::Read;
 use std::time::Duration;
@@ -45,12 +45,12 @@ pub struct IdleTime {
     /// differ by `t` times the CPUs of the set that stood idle on average
     /// between them.
     pub idle: Duration,
-    /// Where the process has a CPU quota: how much of it went unused
-    /// ([`Quota::unused`], a wrapping counter of ns; two readings' wrapping
-    /// difference, as an `i64`, is the quota's CPU time left unused
-    /// between them). `None` without a quota (or where its usage cannot be
-    /// read).
-    pub unused_quota: Option<u64>,
+    /// Where the process has a CPU quota: which binds and how much of it
+    /// went unused ([`QuotaReading`]; two readings with the same
+    /// `binding` differ, as the `i64` of their `unused` counters' wrapping
+    /// difference, by the quota's CPU time left unused between them).
+    /// `None` without a quota (or where its usage cannot be read).
+    pub quota: Option<QuotaReading>,
 }
 
 /// [`IdleTime::cpus`] of a reading of every online CPU.
@@ -77,7 +77,7 @@ pub fn cpu_idle_time_of(set: &CpuSet) -> Option<IdleTime> {
         Some(idle) => Some(IdleTime {
             cpus: fingerprint(set),
             idle,
-            unused_quota: unused_quota(),
+            quota: quota_reading(),
         }),
         None => whole_machine_idle_time(),
     }
@@ -88,7 +88,7 @@ fn whole_machine_idle_time() -> Option<IdleTime> {
     Some(IdleTime {
         cpus: WHOLE_MACHINE,
         idle: idle_of_machine()?,
-        unused_quota: unused_quota(),
+        quota: quota_reading(),
     })
 }
 
@@ -134,9 +134,9 @@ fn count_of_cpu_list(list: &[u8]) -> Option<usize> {
     })
 }
 
-/// [`IdleTime::unused_quota`] now.
-fn unused_quota() -> Option<u64> {
-    Quota::of_this_process().and_then(Quota::unused)
+/// [`IdleTime::quota`] now.
+fn quota_reading() -> Option<QuotaReading> {
+    Quota::of_this_process().and_then(Quota::read)
 }
 
 /// The second figure of a `/proc/uptime` line (`"350735.47 234388.90"`:

@@ -1,47 +1,92 @@
 //! The tightest CPU quota over a cgroup and its ancestors, and how much of
-//! it the cgroup left unused ([`Quota`]): what a process under a quota
-//! (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`; a
-//! container's `--cpus`, a Kubernetes CPU limit) may still use, whatever
+//! it the cgroup left unused ([`Quota::read`]): what a process under a
+//! quota (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`;
+//! a container's `--cpus`, a Kubernetes CPU limit) may still use, whatever
 //! the CPUs it may run on are doing.
 //!
-//! [`Quota::unused`] is a counter: the quota's CPU time up to now (its
-//! rate times a monotonic clock) less the cgroup's usage (v2 `cpu.stat`'s
-//! `usage_usec`, v1 `cpuacct.usage`). Two readings `t` apart differ by the
-//! quota's CPU time in `t` less what the cgroup used: the CPU time it could
-//! still have had. Of several quotas along the path to the root, the one
-//! with the fewest CPUs per second binds, and its cgroup's usage is the one
-//! read. On v1 the usage comes from the `cpuacct` controller at the same
-//! path as the binding `cpu` cgroup (one directory where they are mounted
-//! together, as systemd and Docker lay them out).
+//! [`QuotaReading::unused`] is a counter: the binding quota's CPU time up
+//! to now (its rate times a monotonic clock) less its cgroup's usage (v2
+//! `cpu.stat`'s `usage_usec`, v1 `cpuacct.usage`). Two readings `t` apart
+//! with the same [`QuotaReading::binding`] differ by the quota's CPU time
+//! in `t` less what the cgroup used: the CPU time it could still have had.
+//! Of several quotas along the path to the root, the one with the fewest
+//! CPUs per second binds, and its cgroup's usage is the one read. On v1
+//! the usage comes from the `cpuacct` controller at the same path as the
+//! `cpu` cgroup (one directory where they are mounted together, as systemd
+//! and Docker lay them out).
 //!
-//! Found once per process ([`Quota::of_this_process`], at first use: it
-//! allocates), read without allocating (a stack buffer; a read may be a
-//! fault served in a SIGBUS handler). A process moved to another cgroup
-//! afterwards keeps the first one's quota. No locks.
+//! Where the files are is found once per process
+//! ([`Quota::of_this_process`], at first use: it allocates); what they
+//! say is read at every reading, without allocating (stack buffers; a
+//! reading may be made in a SIGBUS handler): a quota set, changed or
+//! lifted while the process runs (`docker update --cpus`, a Kubernetes
+//! in-place resize) counts from the next reading, and a change of which
+//! quota binds, or of its rate, changes [`QuotaReading::binding`] (two
+//! such readings are not compared). A process moved to another cgroup
+//! afterwards keeps reading the first one's files. No locks.
 
 use crate::cgroup::{cgroup_path, Mounts};
-use std::ffi::CString;
+use crate::host::read_small_file;
+use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// A CPU quota, and where its cgroup's usage is read.
+/// The CPU quota files over a cgroup: its own and its ancestors', where
+/// each can hold a quota, and where each one's usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quota {
-    /// CPU time the quota allows per second of wall time, ns (2 CPUs:
-    /// 2e9).
-    ns_per_sec: u64,
-    /// The binding cgroup's usage file: v2 `cpu.stat`, v1 `cpuacct.usage`
-    /// (a C string, for [`crate::host::read_small_file`]).
+    /// The cgroup's level first, then its ancestors' up to the root (of
+    /// the mount: levels not under it are left out).
+    levels: Vec<Level>,
+}
+
+/// One cgroup on the path: where its quota and its usage are read (C
+/// strings, for [`read_small_file`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Level {
+    /// v2 `cpu.max`, or v1 `cpu.cfs_quota_us` and `cpu.cfs_period_us`.
+    limit: Limit,
+    /// v2 `cpu.stat` (µs on a `usage_usec` line) or v1 `cpuacct.usage`
+    /// (a number of ns).
     usage: CString,
-    /// Whether `usage` is v2's `cpu.stat` (µs on a `usage_usec` line) or
-    /// v1's `cpuacct.usage` (a number of ns).
-    v2: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Limit {
+    V2 { cpu_max: CString },
+    V1 { quota: CString, period: CString },
+}
+
+/// One reading of a [`Quota`]: which quota binds, and the counter of its
+/// CPU time left unused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaReading {
+    /// CPU time the binding quota allows per second of wall time, ns (2
+    /// CPUs: 2e9).
+    pub ns_per_sec: u64,
+    /// Which quota binds: its level (0: the cgroup's own, 1 its parent's,
+    /// ...) in the top 8 bits, its rate in ns per second below. Two
+    /// readings' [`unused`](QuotaReading::unused) compare only where this
+    /// is the same.
+    pub binding: u64,
+    /// The binding quota's CPU time up to now less its cgroup's usage, ns,
+    /// wrapping (see the module documentation): only differences mean
+    /// anything, `a.wrapping_sub(b) as i64` of two readings being the time
+    /// left unused between them.
+    pub unused: u64,
+}
+
+impl QuotaReading {
+    /// The quota in CPUs (1.5: one and a half CPUs' time per second).
+    pub fn cpus(&self) -> f64 {
+        self.ns_per_sec as f64 / 1e9
+    }
 }
 
 impl Quota {
-    /// This process's quota, found at the first call; `None` without one
-    /// (or where the cgroup files cannot be read).
+    /// Where this process's quota is read, found at the first call;
+    /// `None` where no CPU controller's files can be read.
     pub fn of_this_process() -> Option<&'static Quota> {
         static QUOTA: OnceLock<Option<Quota>> = OnceLock::new();
         QUOTA
@@ -74,71 +119,100 @@ impl Quota {
         }
     }
 
-    /// The binding quota over the cgroup `path` (relative) of the hierarchy
-    /// mounted at `root` and its ancestors: v2 if `v1_cpuacct` is `None`,
-    /// else v1 with the usage read in the `cpuacct` hierarchy mounted at
-    /// `v1_cpuacct`. Levels missing under `root` are passed over: in a
-    /// container without a cgroup namespace `/proc/self/cgroup` names the
-    /// container's cgroup from the host's root while the mount shows it
-    /// as the root, so the walk ends at the root, the container's own.
+    /// Where the quota over the cgroup `path` (relative) of the hierarchy
+    /// mounted at `root` and its ancestors is read: v2 if `v1_cpuacct` is
+    /// `None`, else v1 with the usage read in the `cpuacct` hierarchy
+    /// mounted at `v1_cpuacct`. Levels missing under `root` are passed
+    /// over: in a container without a cgroup namespace `/proc/self/cgroup`
+    /// names the container's cgroup from the host's root while the mount
+    /// shows it as the root, so the walk ends at the root, the container's
+    /// own. `None` where no level's quota file can be read.
     pub fn under(root: &Path, path: &str, v1_cpuacct: Option<&Path>) -> Option<Quota> {
-        let mut best: Option<(u64, PathBuf)> = None;
+        let c = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).ok();
+        let mut levels = Vec::new();
         let mut rel = PathBuf::from(path);
         loop {
             let dir = root.join(&rel);
-            let rate = match v1_cpuacct {
-                None => std::fs::read_to_string(dir.join("cpu.max"))
-                    .ok()
-                    .and_then(|t| rate_of_cpu_max(&t)),
-                Some(_) => {
-                    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-                    read("cpu.cfs_quota_us")
-                        .zip(read("cpu.cfs_period_us"))
-                        .and_then(|(quota, period)| rate_of_v1(&quota, &period))
-                }
+            let level = match v1_cpuacct {
+                None => Level {
+                    limit: Limit::V2 {
+                        cpu_max: c(dir.join("cpu.max"))?,
+                    },
+                    usage: c(dir.join("cpu.stat"))?,
+                },
+                Some(acct) => Level {
+                    limit: Limit::V1 {
+                        quota: c(dir.join("cpu.cfs_quota_us"))?,
+                        period: c(dir.join("cpu.cfs_period_us"))?,
+                    },
+                    usage: c(acct.join(&rel).join("cpuacct.usage"))?,
+                },
             };
-            if let Some(rate) = rate.filter(|&r| best.as_ref().is_none_or(|(b, _)| r < *b)) {
-                best = Some((rate, rel.clone()));
+            if level.limit_readable() {
+                levels.push(level);
             }
             if !rel.pop() {
                 break;
             }
         }
-        let (ns_per_sec, rel) = best?;
-        let usage = match v1_cpuacct {
-            None => root.join(&rel).join("cpu.stat"),
-            Some(acct) => acct.join(&rel).join("cpuacct.usage"),
-        };
-        let quota = Quota {
-            ns_per_sec,
-            usage: CString::new(usage.into_os_string().into_encoded_bytes()).ok()?,
-            v2: v1_cpuacct.is_none(),
-        };
-        quota.used().map(|_| quota)
+        (!levels.is_empty()).then_some(Quota { levels })
     }
 
-    /// The quota in CPUs (1.5: one and a half CPUs' time per second).
-    pub fn cpus(&self) -> f64 {
-        self.ns_per_sec as f64 / 1e9
-    }
-
-    /// The quota's CPU time up to now less the cgroup's usage, ns,
-    /// wrapping (see the module documentation): only differences mean
-    /// anything, `a.wrapping_sub(b) as i64` of two readings being the time
-    /// left unused between them. `None` if the usage cannot be read.
-    pub fn unused(&self) -> Option<u64> {
+    /// Which quota binds now, and how much of it is left unused; `None`
+    /// where no level has a quota now (or its usage cannot be read).
+    pub fn read(&self) -> Option<QuotaReading> {
+        let (level, ns_per_sec) = self
+            .levels
+            .iter()
+            .enumerate()
+            .filter_map(|(i, level)| Some((i, level.rate()?)))
+            .min_by_key(|&(i, rate)| (rate, i))?;
         static EPOCH: OnceLock<Instant> = OnceLock::new();
         let wall = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
-        let allowed = wall * u128::from(self.ns_per_sec) / 1_000_000_000;
-        Some((allowed as u64).wrapping_sub(self.used()?))
+        let allowed = wall * u128::from(ns_per_sec) / 1_000_000_000;
+        let used = self.levels[level].used()?;
+        Some(QuotaReading {
+            ns_per_sec,
+            binding: ((level.min(255) as u64) << 56) | (ns_per_sec & ((1 << 56) - 1)),
+            unused: (allowed as u64).wrapping_sub(used),
+        })
+    }
+}
+
+impl Level {
+    /// The level's quota now, ns of CPU per second; `None` without one.
+    fn rate(&self) -> Option<u64> {
+        let mut buf = [0u8; 64];
+        match &self.limit {
+            Limit::V2 { cpu_max } => rate_of_cpu_max(read_text(cpu_max, &mut buf)?),
+            Limit::V1 { quota, period } => {
+                // The period is read only under a quota (-1: none).
+                let quota = read_text(quota, &mut buf)?;
+                if quota.trim().starts_with('-') {
+                    return None;
+                }
+                let mut period_buf = [0u8; 64];
+                rate_of_v1(quota, read_text(period, &mut period_buf)?)
+            }
+        }
     }
 
-    /// The binding cgroup's CPU usage since it was made, ns.
+    /// Whether the level's quota file can be read (a level with no quota
+    /// now may get one later).
+    fn limit_readable(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let file = match &self.limit {
+            Limit::V2 { cpu_max } => cpu_max,
+            Limit::V1 { quota, .. } => quota,
+        };
+        read_text(file, &mut buf).is_some()
+    }
+
+    /// The level's cgroup's CPU usage since it was made, ns.
     fn used(&self) -> Option<u64> {
         let mut buf = [0u8; 1024];
-        let text =
-            std::str::from_utf8(crate::host::read_small_file(&self.usage, &mut buf)?).ok()?;
-        if self.v2 {
+        let text = read_text(&self.usage, &mut buf)?;
+        if matches!(self.limit, Limit::V2 { .. }) {
             let usec: u64 = text
                 .lines()
                 .find_map(|l| l.strip_prefix("usage_usec "))?
@@ -150,6 +224,11 @@ impl Quota {
             text.trim().parse().ok()
         }
     }
+}
+
+/// A small text file's contents, read into `buf`.
+fn read_text<'b>(path: &CStr, buf: &'b mut [u8]) -> Option<&'b str> {
+    std::str::from_utf8(read_small_file(path, buf)?).ok()
 }
 
 /// CPU ns per second of a v2 `cpu.max` text (`"150000 100000"`: 1.5
@@ -215,28 +294,44 @@ mod tests {
             ..Mounts::default()
         };
         let q = Quota::of(&mounts, "0::/a/b/c\n").expect("a quota");
-        assert_eq!(q.cpus(), 1.5);
-        let c = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).expect("a path");
-        assert_eq!(q.usage, c(root.0.join("a/b/c/cpu.stat")));
+        let read = |q: &Quota| q.read().expect("a quota binds");
+        assert_eq!(read(&q).cpus(), 1.5);
+        assert_eq!(read(&q).binding, 1_500_000_000, "level 0 binds");
         // 100 s more used between two readings: 100 s less left unused
         // (less the quota's share of the few µs between them).
-        let before = q.unused().expect("usage readable");
+        let before = read(&q).unused;
         std::fs::write(root.0.join("a/b/c/cpu.stat"), "usage_usec 100001000\n").expect("layout");
-        let left = q.unused().expect("usage readable").wrapping_sub(before) as i64;
+        let left = read(&q).unused.wrapping_sub(before) as i64;
         assert!(
             (-100_000_000_000..-99_000_000_000).contains(&left),
             "{left}"
         );
-        // A tighter ancestor binds instead; no quota on the path, none.
+        // Changed while the process runs, with no new search: a tighter
+        // ancestor binds and its cgroup's usage counts; the binding says
+        // which.
         lay("a", "50000 100000\n", 9);
-        let q = Quota::of(&mounts, "0::/a/b/c\n").expect("a quota");
-        assert_eq!(
-            (q.cpus(), q.usage.clone()),
-            (0.5, c(root.0.join("a/cpu.stat")))
-        );
+        let now = read(&q);
+        assert_eq!(now.cpus(), 0.5);
+        assert_eq!(now.binding, (2 << 56) | 500_000_000, "level 2 binds");
+        let before = now.unused;
+        std::fs::write(root.0.join("a/cpu.stat"), "usage_usec 1000009\n").expect("layout");
+        let left = read(&q).unused.wrapping_sub(before) as i64;
+        assert!((-1_000_000_000..-990_000_000).contains(&left), "{left}");
+        // Every quota lifted: no reading, though the files are still
+        // known, and a quota set later counts again.
         lay("a", "max 100000\n", 9);
         lay("a/b/c", "max 100000\n", 9);
-        assert_eq!(Quota::of(&mounts, "0::/a/b/c\n"), None);
+        assert_eq!(q.read(), None);
+        assert_eq!(Quota::of(&mounts, "0::/a/b/c\n"), Some(q.clone()));
+        lay("a/b", "200000 100000\n", 9);
+        assert_eq!(read(&q).cpus(), 2.0);
+        // No CPU controller's files at all: nothing to read.
+        let empty = Scratch::new("quota-v2-none");
+        let none = Mounts {
+            v2: Some(empty.0.clone()),
+            ..Mounts::default()
+        };
+        assert_eq!(Quota::of(&none, "0::/a/b/c\n"), None);
     }
 
     /// v1 layouts: a container's cgroup seen from the host's root (the
@@ -260,8 +355,8 @@ mod tests {
         };
         let container = "3:cpuacct:/docker/abc\n2:cpu:/docker/abc\n0::/\n";
         let q = Quota::of(&mounts, container).expect("the container's quota");
-        assert_eq!(q.cpus(), 2.0);
-        assert_eq!(q.used(), Some(123456789));
+        assert_eq!(q.read().map(|r| r.cpus()), Some(2.0));
+        assert_eq!(q.levels[0].used(), Some(123456789));
         let apart = "3:cpuacct:/\n2:cpu:/docker/abc\n0::/\n";
         assert_eq!(Quota::of(&mounts, apart), None);
         let no_quota = Mounts {
@@ -299,11 +394,7 @@ mod tests {
             let mut busy = Busy {
                 loop_,
                 dirs: Vec::new(),
-                quota: Quota {
-                    ns_per_sec: 0,
-                    usage: CString::default(),
-                    v2: false,
-                },
+                quota: Quota { levels: Vec::new() },
             };
             let pid = busy.loop_.id().to_string();
             let quota_us = (cpus * 100_000.0) as u64;
@@ -349,6 +440,19 @@ mod tests {
         }
     }
 
+    impl Busy {
+        /// Sets the quota to `cpus` while the loop runs.
+        fn set_cpus(&self, cpus: f64) {
+            let (dir, quota_us) = (&self.dirs[0], (cpus * 100_000.0) as u64);
+            let (file, text) = match self.quota.levels[0].limit {
+                Limit::V2 { .. } => ("cpu.max", format!("{quota_us} 100000")),
+                Limit::V1 { .. } => ("cpu.cfs_quota_us", quota_us.to_string()),
+            };
+            std::fs::write(dir.join(file), &text)
+                .unwrap_or_else(|e| panic!("writing {text:?} to {file}: {e}"));
+        }
+    }
+
     impl Drop for Busy {
         fn drop(&mut self) {
             let _ = self.loop_.kill();
@@ -365,9 +469,10 @@ mod tests {
     fn a_throttled_cgroup_leaves_no_quota_unused_and_a_roomy_one_does() {
         let tight = Busy::new("tight", 0.3);
         let roomy = Busy::new("roomy", 2.0);
-        assert_eq!((tight.quota.cpus(), roomy.quota.cpus()), (0.3, 2.0));
+        let cpus = |b: &Busy| b.quota.read().expect("a quota binds").cpus();
+        assert_eq!((cpus(&tight), cpus(&roomy)), (0.3, 2.0));
         std::thread::sleep(Duration::from_millis(200));
-        let read = |b: &Busy| b.quota.unused().expect("usage readable");
+        let read = |b: &Busy| b.quota.read().expect("usage readable").unused;
         let (t0, r0) = (read(&tight), read(&roomy));
         std::thread::sleep(Duration::from_millis(500));
         let (t1, r1) = (read(&tight), read(&roomy));
@@ -385,5 +490,11 @@ mod tests {
             "2 CPU quota: {} ms of 1,000 unused",
             ms(r1, r0)
         );
+        // Resized while it runs: the next reading binds the new quota.
+        let before = tight.quota.read().expect("a quota binds");
+        tight.set_cpus(1.5);
+        let after = tight.quota.read().expect("a quota binds");
+        assert_eq!((before.cpus(), after.cpus()), (0.3, 1.5));
+        assert_ne!(before.binding, after.binding);
     }
 }

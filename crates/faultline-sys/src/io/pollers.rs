@@ -33,7 +33,7 @@
 //!
 //! Where the process has a CPU quota (cgroup `cpu.max`, v1's CFS quota),
 //! what is to spare is also bounded by the quota's CPU time the cgroup left
-//! unused in the window ([`IdleTime::unused_quota`]): a process throttled
+//! unused in the window ([`IdleTime::quota`]): a process throttled
 //! by its quota while its CPUs stand idle sleeps. Why the process's CPUs
 //! for a pinned reader: its own CPU alone is busy or in iowait whenever it
 //! reads, so pinned workers reading their own never polled (0% of windows
@@ -181,10 +181,11 @@ struct Gate {
     idle_then: AtomicU64,
     /// Which CPUs `idle_then` sums ([`IdleTime::cpus`]).
     cpus_then: AtomicU64,
-    /// The CPU quota left unused when it began ([`IdleTime::unused_quota`],
-    /// wrapping), if the reading had one (`quota_read`).
+    /// The CPU quota left unused when it began
+    /// ([`QuotaReading::unused`], wrapping), and which quota bound then
+    /// ([`QuotaReading::binding`]; 0: the reading had no quota).
     quota_then: AtomicU64,
-    quota_read: AtomicBool,
+    quota_binding_then: AtomicU64,
     /// Whether polling is allowed: the last window had a CPU to spare.
     allowed: AtomicBool,
     /// Whether the last window, its reads sleeping, had a CPU to spare
@@ -205,7 +206,7 @@ impl Gate {
             idle_then: AtomicU64::new(0),
             cpus_then: AtomicU64::new(0),
             quota_then: AtomicU64::new(0),
-            quota_read: AtomicBool::new(false),
+            quota_binding_then: AtomicU64::new(0),
             allowed: AtomicBool::new(false),
             primed: AtomicBool::new(false),
             ever_read: AtomicBool::new(false),
@@ -244,14 +245,10 @@ impl Gate {
     /// decides for the next one if `decide` (a window of reads, not a
     /// pause) and the idle time of the same CPUs was read at both ends;
     /// after a pause, or readings that cannot be compared (two CPU sets, a
-    /// quota's usage read at one end only), the reads sleep.
+    /// quota's usage read at one end only, two quotas binding: one set or
+    /// changed between them), the reads sleep.
     fn close(&self, decide: bool, age: u64, idle: Option<IdleTime>) {
-        let Some(IdleTime {
-            cpus,
-            idle,
-            unused_quota,
-        }) = idle
-        else {
+        let Some(IdleTime { cpus, idle, quota }) = idle else {
             // Unreadable: polling as the cap allows if it never was
             // readable, else as last decided; the next reading starts a
             // fresh window.
@@ -267,20 +264,18 @@ impl Gate {
         let idle = (idle.as_nanos() as u64).max(1);
         let then = self.idle_then.swap(idle, Ordering::Relaxed);
         let same_cpus = self.cpus_then.swap(cpus, Ordering::Relaxed) == cpus;
-        let had_quota = self
-            .quota_read
-            .swap(unused_quota.is_some(), Ordering::Relaxed);
+        let binding = quota.map_or(0, |q| q.binding);
+        let same_quota = self.quota_binding_then.swap(binding, Ordering::Relaxed) == binding;
         let quota_then = self
             .quota_then
-            .swap(unused_quota.unwrap_or(0), Ordering::Relaxed);
-        let quota_then = had_quota.then_some(quota_then);
-        let comparable = same_cpus && quota_then.is_some() == unused_quota.is_some();
+            .swap(quota.map_or(0, |q| q.unused), Ordering::Relaxed);
+        let comparable = same_cpus && same_quota;
         if decide && then != 0 && comparable {
             let polling = self.allowed.load(Ordering::Relaxed);
             let mut idle = Duration::from_nanos(idle.wrapping_sub(then));
-            if let (Some(now), Some(then)) = (unused_quota, quota_then) {
+            if let Some(now) = quota.map(|q| q.unused) {
                 // The quota's time left unused bounds what is to spare.
-                let left = now.wrapping_sub(then) as i64;
+                let left = now.wrapping_sub(quota_then) as i64;
                 idle = idle.min(Duration::from_nanos(left.max(0) as u64));
             }
             let spare_now = spare(Duration::from_nanos(age), idle, polling);
@@ -323,6 +318,7 @@ fn spare(wall: Duration, idle: Duration, polling: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_quota::QuotaReading;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -353,10 +349,12 @@ mod tests {
         ms: u64,
         idle: Duration,
         cpus: u64,
-        /// The CPU quota's unused time (`None`: no quota), and how much of
-        /// each ms of it goes unused.
+        /// The CPU quota's unused time (`None`: no quota), how much of
+        /// each ms of it goes unused, and which quota binds
+        /// ([`QuotaReading::binding`]).
         quota: Option<u64>,
         quota_left_per_ms: Duration,
+        binding: u64,
     }
 
     /// A reading of the whole machine.
@@ -364,7 +362,7 @@ mod tests {
         Some(IdleTime {
             cpus: crate::cpu_idle::WHOLE_MACHINE,
             idle,
-            unused_quota: None,
+            quota: None,
         })
     }
 
@@ -381,6 +379,7 @@ mod tests {
                 cpus,
                 quota,
                 quota_left_per_ms: Duration::ZERO,
+                binding: 1_000_000_000,
             };
             (gate, m)
         }
@@ -397,7 +396,11 @@ mod tests {
                 let reading = IdleTime {
                     cpus: self.cpus,
                     idle: self.idle,
-                    unused_quota: self.quota,
+                    quota: self.quota.map(|unused| QuotaReading {
+                        ns_per_sec: self.binding,
+                        binding: self.binding,
+                        unused,
+                    }),
                 };
                 allowed = gate.allows(self.ms * 1_000_000, || Some(reading));
             }
@@ -567,5 +570,29 @@ mod tests {
         assert!(m.reads(&gate, 200, spare));
         m.quota = m.quota.map(|q| q.wrapping_sub(1_000_000_000));
         assert!(!m.reads(&gate, 200, spare));
+    }
+
+    #[test]
+    fn a_quota_changed_while_reading_decides_nothing_in_its_window() {
+        let (gate, mut m) = Machine::started(0, Some(3));
+        m.quota_left_per_ms = Duration::from_micros(800);
+        let spare = Duration::from_micros(900);
+        assert!(!m.reads(&gate, 200, spare), "quota or none: no decision");
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
+        // Resized to 4 CPUs (`docker update --cpus 4`): its counter runs
+        // at another rate from another origin, so the window across the
+        // change compares nothing and sleeps, whatever the counters say;
+        // two windows under the new quota open it again.
+        m.binding = 4_000_000_000;
+        m.quota = m.quota.map(|q| q.wrapping_add(1 << 40));
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
+        // The quota lifted: no quota at one end, no decision.
+        m.quota = None;
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(!m.reads(&gate, 200, spare));
+        assert!(m.reads(&gate, 200, spare));
     }
 }
