@@ -65,10 +65,10 @@ pub struct QuotaReading {
     /// CPU time the binding quota allows per second of wall time, ns (2
     /// CPUs: 2e9).
     pub ns_per_sec: u64,
-    /// Which quota binds: its level (0: the cgroup's own, 1 its parent's,
-    /// ...) in the top 8 bits, its rate in ns per second below. Two
-    /// readings' [`unused`](QuotaReading::unused) compare only where this
-    /// is the same.
+    /// Which quota binds: its level (0: the cgroup's own, 1 the nearest
+    /// ancestor under the mount, ...) in the top 8 bits, its rate in ns per
+    /// second below (held within 1 ..= 2^56 - 1, so never 0). Two readings' [`unused`](QuotaReading::unused)
+    /// compare only where this is the same.
     pub binding: u64,
     /// The binding quota's CPU time up to now less its cgroup's usage, ns,
     /// wrapping (see the module documentation): only differences mean
@@ -126,7 +126,9 @@ impl Quota {
     /// over: in a container without a cgroup namespace `/proc/self/cgroup`
     /// names the container's cgroup from the host's root while the mount
     /// shows it as the root, so the walk ends at the root, the container's
-    /// own. `None` where no level's quota file can be read.
+    /// own. Every level whose directory is there is kept, with a quota
+    /// now or not (one may be set, or its controller enabled, later).
+    /// `None` where no level's directory is there.
     pub fn under(root: &Path, path: &str, v1_cpuacct: Option<&Path>) -> Option<Quota> {
         let c = |p: PathBuf| CString::new(p.into_os_string().into_encoded_bytes()).ok();
         let mut levels = Vec::new();
@@ -148,7 +150,9 @@ impl Quota {
                     usage: c(acct.join(&rel).join("cpuacct.usage"))?,
                 },
             };
-            if level.limit_readable() {
+            // Every level there is: a quota file missing now appears
+            // where the controller is enabled later (v2's `cpu.max`).
+            if dir.is_dir() {
                 levels.push(level);
             }
             if !rel.pop() {
@@ -173,7 +177,7 @@ impl Quota {
         let used = self.levels[level].used()?;
         Some(QuotaReading {
             ns_per_sec,
-            binding: ((level.min(255) as u64) << 56) | (ns_per_sec & ((1 << 56) - 1)),
+            binding: ((level.min(255) as u64) << 56) | ns_per_sec.clamp(1, (1 << 56) - 1),
             unused: (allowed as u64).wrapping_sub(used),
         })
     }
@@ -195,17 +199,6 @@ impl Level {
                 rate_of_v1(quota, read_text(period, &mut period_buf)?)
             }
         }
-    }
-
-    /// Whether the level's quota file can be read (a level with no quota
-    /// now may get one later).
-    fn limit_readable(&self) -> bool {
-        let mut buf = [0u8; 64];
-        let file = match &self.limit {
-            Limit::V2 { cpu_max } => cpu_max,
-            Limit::V1 { quota, .. } => quota,
-        };
-        read_text(file, &mut buf).is_some()
     }
 
     /// The level's cgroup's CPU usage since it was made, ns.
@@ -325,13 +318,21 @@ mod tests {
         assert_eq!(Quota::of(&mounts, "0::/a/b/c\n"), Some(q.clone()));
         lay("a/b", "200000 100000\n", 9);
         assert_eq!(read(&q).cpus(), 2.0);
-        // No CPU controller's files at all: nothing to read.
-        let empty = Scratch::new("quota-v2-none");
-        let none = Mounts {
-            v2: Some(empty.0.clone()),
+        // A hierarchy with no quota files yet (the controller not
+        // enabled): the levels there are kept, and a quota set later, with
+        // its file, counts.
+        let bare = Scratch::new("quota-v2-bare");
+        let mounts = Mounts {
+            v2: Some(bare.0.clone()),
             ..Mounts::default()
         };
-        assert_eq!(Quota::of(&none, "0::/a/b/c\n"), None);
+        std::fs::create_dir_all(bare.0.join("a/b")).expect("layout");
+        let q = Quota::of(&mounts, "0::/a/b/c\n").expect("levels a/b, a and the root");
+        assert_eq!(q.levels.len(), 3, "a/b/c is not there: passed over");
+        assert_eq!(q.read(), None);
+        std::fs::write(bare.0.join("a/cpu.max"), "300000 100000\n").expect("layout");
+        std::fs::write(bare.0.join("a/cpu.stat"), "usage_usec 5\n").expect("layout");
+        assert_eq!(q.read().map(|r| r.cpus()), Some(3.0));
     }
 
     /// v1 layouts: a container's cgroup seen from the host's root (the

@@ -15,7 +15,7 @@
 //! bounded by the caller's `spin` — and, where the program's threads keep
 //! every CPU busy, more than the poll saves: so a read polls only with a
 //! place among the pollers (`pollers.rs`: at most half the CPUs, and only
-//! while the CPUs the reader may run on have had one to spare), and
+//! while the process's CPUs have had one to spare), and
 //! otherwise is a plain `pread`.
 //!
 //! Why batches: a device serves many requests in flight faster than one at
@@ -76,7 +76,7 @@ pub fn polling_windows() -> (u64, u64) {
 /// read's error. With `spin > 0` the read goes through this thread's
 /// `io_uring`, polled for up to `spin` before the thread sleeps; with
 /// `spin == 0`, where polling is not allowed now (at most half the CPUs
-/// poll, and only while the CPUs this thread may run on have one to
+/// poll, and only while the process's CPUs have one to
 /// spare: `pollers.rs`), or where no ring can be had, it is a plain
 /// `pread`.
 ///

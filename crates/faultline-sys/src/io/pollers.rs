@@ -1,6 +1,6 @@
 //! Who may poll for a read's completion ([`Poller`]): at most half the
-//! CPUs at once (at least one), and only while the CPUs the reader may run
-//! on have one to spare.
+//! CPUs at once (at least one), and only while the process's CPUs have one
+//! to spare.
 //!
 //! Why the second rule: a poll keeps its CPU from everyone else. Where the
 //! program's threads keep every CPU busy, the threads woken meanwhile (the
@@ -85,7 +85,14 @@ pub(super) struct Poller(());
 /// the cap, the clock's origin), so that a first read served in a SIGBUS
 /// handler allocates nothing for them.
 pub(super) fn prepare() {
-    let _ = (Quota::of_this_process(), limit(), epoch(), process_cpus());
+    // A first quota reading sets its clock's origin here, not in a
+    // SIGBUS handler.
+    let _ = (
+        Quota::of_this_process().map(Quota::read),
+        limit(),
+        epoch(),
+        process_cpus(),
+    );
 }
 
 /// The process's CPUs: the affinity mask of the thread that first

@@ -88,8 +88,10 @@ impl FileOptions {
     /// project's machines where a CPU was to spare), and costs the CPU the
     /// poll burns: at most `spin` per read. Where the program's threads
     /// keep every CPU busy that CPU is worth more than the wake-up (2–18%
-    /// slower measured), so a read polls only while the CPUs the reader may
-    /// run on (its affinity mask, and its CPU quota) have had one to spare,
+    /// slower measured), so a read polls only while the process's CPUs (the
+    /// affinity mask of the thread that made the first polling store — for
+    /// a reader pinned within it, as the workers are; else the reader's
+    /// own — and the CPU quota) have had one to spare,
     /// and at most half the CPUs poll at once; other reads sleep in `pread`
     /// (docs/design.md, "Polled reads").
     /// `Duration::ZERO`: plain `pread`, sleeping, always. Buffered reads
