@@ -227,6 +227,9 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         "threads": s.threads, "ops_per_s": m.ops, "max_rss_mib": m.rss,
         "vs_kernel": vs, "vs_kernel_best": vs_best,
         "fault_p50_us": c["fault_p50_us"], "fault_p99_us": c["fault_p99_us"],
+        "fault_mean_us": c["fault_mean_us"], "store_read_p50_us": c["store_read_p50_us"],
+        "store_read_p99_us": c["store_read_p99_us"],
+        "store_read_mean_us": c["store_read_mean_us"], "reclaim_waits": c["reclaim_waits"],
         "lock_contended_pct": c["lock_contended_pct"], "lock_wait_ms": c["lock_wait_ms"],
         "spare_serves": c["spare_serves"], "flush_ms": c["flush_ms"],
         "poll_windows_pct": c["poll_windows_pct"]}),
@@ -434,6 +437,9 @@ fn notes(s: &Setup, report: &mut Report) {
          fault-lock acquisitions that found the lock held, and the time all waited for them. \
          poll_windows_pct (JSON, faultline rows whose reads may poll): the share of the run's 200 ms windows in \
          which the pollers' rules let a read poll (none: every read slept, as in io direct-sleeping). \
+         fault_mean_us and store_read_p50_us / _p99_us / _mean_us (JSON, faultline rows): a fault's service \
+         time beside the store's reads it waited for (one per fill from the store: a page or a run); \
+         reclaim_waits: faults that found no frame after four reclaim passes and waited for one. \
          flush_ms (write rows): after the timed ops, the time until every page they dirtied was on the disk \
          (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
          not in ops_per_s."
