@@ -81,6 +81,15 @@ pub struct OocOpts {
 /// The patterns the bench runs, in order.
 const PATTERNS: [&str; 4] = ["random-read", "random-write", "seq-read", "seq-write"];
 
+/// The patterns `--pattern` names, in the bench's order (each once), or
+/// all of them.
+fn patterns_to_run(o: &OocOpts) -> Vec<&'static str> {
+    PATTERNS
+        .into_iter()
+        .filter(|p| o.patterns.is_empty() || o.patterns.iter().any(|o| o == p))
+        .collect()
+}
+
 /// The memory limit, faultline's budget and the dataset size, in bytes.
 fn sizes(o: &OocOpts, default_limit: usize) -> anyhow::Result<(usize, usize, usize)> {
     let mib = |v: Option<usize>, what: &str| match v {
@@ -391,10 +400,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
         "faultline_servers": s.servers.join(" "),
         "faultline_budget": s.budget, "faultline_small_zone_pct": SMALL_ZONE_PCT,
         "ops_per_thread": s.ops, "threads": s.threads, "time_cap_s": s.secs});
-    let patterns: Vec<&str> = PATTERNS
-        .into_iter()
-        .filter(|p| opts.patterns.is_empty() || opts.patterns.iter().any(|o| o == p))
-        .collect();
+    let patterns = patterns_to_run(opts);
     let bar = progress(
         (patterns.len() * sides("random").len()) as u64,
         "out-of-core",
@@ -472,6 +478,25 @@ mod tests {
     fn sizes_of(args: &[&str]) -> anyhow::Result<(usize, usize, usize)> {
         let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))?;
         sizes(&cli.o, 64 << 20).map(|(l, b, d)| (l >> 20, b >> 20, d >> 20))
+    }
+
+    #[test]
+    fn pattern_options_pick_patterns_in_the_bench_order() {
+        let picked = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+                .map(|cli| patterns_to_run(&cli.o))
+        };
+        assert_eq!(picked(&[]).expect("no option"), PATTERNS);
+        assert_eq!(
+            picked(&["--pattern", "seq-write", "--pattern", "random-read"]).expect("two"),
+            ["random-read", "seq-write"]
+        );
+        assert_eq!(
+            picked(&["--pattern", "seq-read", "--pattern", "seq-read"]).expect("twice"),
+            ["seq-read"]
+        );
+        let refused = picked(&["--pattern", "random-hot"]).expect_err("not this bench's");
+        assert!(refused.to_string().contains("random-read"), "{refused}");
     }
 
     /// The hidden child command, parsed as `faultline ooc-child` is.
