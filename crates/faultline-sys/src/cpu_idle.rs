@@ -332,37 +332,21 @@ mod tests {
     }
 
     /// Pins the calling thread to `cpus` for the life of the guard.
-    struct Pinned(libc::cpu_set_t);
+    struct Pinned(CpuSet);
 
     impl Pinned {
         fn to(cpus: &[usize]) -> Pinned {
-            // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-            let (mut old, mut new): (libc::cpu_set_t, libc::cpu_set_t) =
-                unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: pid 0 is the calling thread; `old` is a valid set of `size`.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut old) }, 0);
-            for &cpu in cpus {
-                // SAFETY: the tests' CPUs are below CPU_SETSIZE.
-                unsafe { libc::CPU_SET(cpu, &mut new) };
-            }
-            // SAFETY: as above, `new` a valid set.
-            let rc = unsafe { libc::sched_setaffinity(0, size, &new) };
-            assert_eq!(
-                rc,
-                0,
-                "sched_setaffinity({cpus:?}): {}",
-                std::io::Error::last_os_error()
-            );
+            let old = CpuSet::of_this_thread().expect("sched_getaffinity");
+            CpuSet::of(cpus)
+                .set_for_this_thread()
+                .unwrap_or_else(|e| panic!("sched_setaffinity({cpus:?}): {e}"));
             Pinned(old)
         }
     }
 
     impl Drop for Pinned {
         fn drop(&mut self) {
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: pid 0 is the calling thread; the set is the one read.
-            unsafe { libc::sched_setaffinity(0, size, &self.0) };
+            let _ = self.0.set_for_this_thread();
         }
     }
 

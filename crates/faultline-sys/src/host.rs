@@ -183,6 +183,20 @@ impl CpuSet {
         (rc == 0).then_some(CpuSet(set))
     }
 
+    /// Makes this set the calling thread's affinity mask
+    /// (`sched_setaffinity`); the error names the set's lowest CPU.
+    pub fn set_for_this_thread(&self) -> Result<(), crate::SysError> {
+        // SAFETY: pid 0 is the calling thread; `self.0` is a valid cpu_set_t
+        // of the size passed.
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
+        if rc != 0 {
+            let first = self.cpus().next().unwrap_or(0);
+            return Err(crate::SysError::last("sched_setaffinity", first, 0));
+        }
+        Ok(())
+    }
+
     /// The set of the CPUs listed (those at or past `CPU_SETSIZE` left out).
     pub fn of(cpus: &[usize]) -> CpuSet {
         // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
@@ -382,9 +396,7 @@ pub fn set_thread_nice(nice: i32) -> Result<(), crate::SysError> {
 
 /// Pins the calling thread to `cpu` (`sched_setaffinity`).
 pub fn pin_thread(cpu: usize) -> Result<(), crate::SysError> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+    if cpu >= libc::CPU_SETSIZE as usize {
         return Err(crate::SysError {
             op: "sched_setaffinity",
             addr: cpu,
@@ -392,15 +404,7 @@ pub fn pin_thread(cpu: usize) -> Result<(), crate::SysError> {
             errno: libc::EINVAL,
         });
     }
-    // SAFETY: `cpu` was checked to lie inside the set just above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the
-    // size passed.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(crate::SysError::last("sched_setaffinity", cpu, 0));
-    }
-    Ok(())
+    CpuSet::of(&[cpu]).set_for_this_thread()
 }
 
 /// Whether the open file `file` was opened for writing (its access mode,
