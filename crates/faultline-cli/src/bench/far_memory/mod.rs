@@ -15,7 +15,9 @@
 //!   rows can be read against the store's own limit.
 //!
 //! Every row: `system`, `pattern`, `ops_per_s`, peak RSS, and for faultline
-//! the fault service time (median, p99); `vs_file` against the
+//! the fault service time (median, p99); the rows run by a child (faultline
+//! and the kernel's swap) also `cpu_us_per_op`, the child's CPU per op over
+//! the timed ops (`bench out-of-core`'s notes); `vs_file` against the
 //! faultline-over-a-file row of the same pattern.
 
 mod raw;
@@ -241,7 +243,7 @@ fn push(report: &mut Report, system: &str, pattern: &str, v: &serde_json::Value,
     let vs = ops / file_ops;
     report.rows.push(
         json!({"system": system, "pattern": pattern, "threads": THREADS,
-        "ops_per_s": ops, "max_rss_mib": v["max_rss_mib"],
+        "ops_per_s": ops, "cpu_us_per_op": v["cpu_us_per_op"], "max_rss_mib": v["max_rss_mib"],
         "fault_p50_us": if faultline { p50 } else { None },
         "fault_p99_us": if faultline { p99 } else { None },
         "vs_file": vs}),

@@ -144,8 +144,19 @@ fn vm_hwm_mib() -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
+/// What a timed run gave: its rate, and the CPU it cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Driven {
+    pub ops_per_s: f64,
+    /// CPU time of the whole process (every thread: the program's, and a
+    /// faultline manager's workers and helpers; the kernel's work in a
+    /// fault or a read counts for the thread it runs for) during the run,
+    /// per op done, µs. `None` if the process's CPU clock could not be read.
+    pub cpu_us_per_op: Option<f64>,
+}
+
 /// Runs up to `ops` ops per thread on `[base, base + len)`, stopping early at
-/// `secs` seconds; returns ops/s over the ops done. A write stores a word
+/// `secs` seconds; returns ops/s over the ops done, and their CPU. A write stores a word
 /// that differs from run to run (salted with [`run_salt`]): every row
 /// writes the same pages in the same order, and a row that stored the
 /// words an earlier row left in the file would find its pages clean and
@@ -158,7 +169,7 @@ pub(crate) fn drive(
     threads: usize,
     ops: usize,
     secs: f64,
-) -> f64 {
+) -> Driven {
     let pages = len / 4096;
     let write = pattern.ends_with("write");
     // `random-mixed`: every op reads its word, and one op in four writes
@@ -170,6 +181,7 @@ pub(crate) fn drive(
     let hot = pattern.ends_with("hot");
     let random = pattern.starts_with("random");
     let salt = run_salt();
+    let cpu_then = faultline_sys::host::process_cpu_time();
     let t = Instant::now();
     let done: usize = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -213,7 +225,14 @@ pub(crate) fn drive(
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
     });
-    done as f64 / t.elapsed().as_secs_f64()
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = faultline_sys::host::process_cpu_time()
+        .zip(cpu_then)
+        .map(|(now, then)| now.saturating_sub(then));
+    Driven {
+        ops_per_s: done as f64 / secs,
+        cpu_us_per_op: cpu.map(|c| c.as_secs_f64() * 1e6 / done.max(1) as f64),
+    }
 }
 
 /// A word no earlier run stored: the clock's nanoseconds and this
@@ -280,14 +299,14 @@ enum Set {
     FillAndDrop,
 }
 
-/// Runs the pattern on a faultline region over `store`: ops/s, and what
-/// its faults cost.
+/// Runs the pattern on a faultline region over `store`: its rate and CPU,
+/// and what its faults cost.
 fn faultline_side(
     a: &ChildArgs,
     len: usize,
     store: impl Store + 'static,
     set: Set,
-) -> anyhow::Result<(f64, Served)> {
+) -> anyhow::Result<(Driven, Served)> {
     let mm = manager(a)?;
     let r = mm.map(len, store, MapOptions::new())?;
     if set != Set::AsIs {
@@ -334,7 +353,7 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
     let redis_opts = || RedisOptions::new(format!("bench{}", std::process::id()));
-    let (ops_per_s, served) = match a.system.as_str() {
+    let (driven, served) = match a.system.as_str() {
         "kernel" => kernel_file(a, file_len()?)?,
         "anon" => {
             // Anonymous memory: past the cgroup's limit the kernel swaps.
@@ -388,7 +407,8 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
     };
     println!(
         "{}",
-        json!({"ops_per_s": ops_per_s, "max_rss_mib": vm_hwm_mib(),
+        json!({"ops_per_s": driven.ops_per_s, "cpu_us_per_op": driven.cpu_us_per_op,
+            "max_rss_mib": vm_hwm_mib(),
             "fault_p50_us": served.p50_us, "fault_p99_us": served.p99_us,
             "fault_mean_us": served.mean_us,
             "store_read_p50_us": served.store_read_p50_us,
@@ -410,9 +430,9 @@ fn poll_windows_pct() -> Option<f64> {
     (all > 0).then(|| 100.0 * allowing as f64 / all as f64)
 }
 
-/// The kernel's `mmap` of the file, with the row's hint: ops/s, and the
-/// time its `msync` took after a pattern that writes.
-fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<(f64, Served)> {
+/// The kernel's `mmap` of the file, with the row's hint: its rate and CPU,
+/// and the time its `msync` took after a pattern that writes.
+fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<(Driven, Served)> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

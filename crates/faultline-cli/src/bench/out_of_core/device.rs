@@ -35,6 +35,10 @@ pub struct DeviceRow {
     /// 4 KiB pages per second.
     pub pages_per_s: f64,
     pub mib_per_s: f64,
+    /// The bench process's CPU time during the measurement (its reading
+    /// threads', the kernel's work for them included) per 4 KiB page read,
+    /// µs; `None` if the process's CPU clock could not be read.
+    pub cpu_us_per_page: Option<f64>,
 }
 
 /// Queue depth of the sequential measurement.
@@ -154,13 +158,34 @@ fn join_sum(
     Ok(total)
 }
 
-fn row(pattern: &'static str, io: &'static str, qd: usize, bytes: usize, secs: f64) -> DeviceRow {
+/// A measurement started: its clocks.
+struct Started {
+    at: Instant,
+    cpu: Option<Duration>,
+}
+
+impl Started {
+    fn now() -> Started {
+        Started {
+            cpu: faultline_sys::host::process_cpu_time(),
+            at: Instant::now(),
+        }
+    }
+}
+
+fn row(pattern: &'static str, io: &'static str, qd: usize, bytes: usize, t: &Started) -> DeviceRow {
+    let secs = t.at.elapsed().as_secs_f64();
+    let pages = bytes as f64 / 4096.0;
+    let cpu = faultline_sys::host::process_cpu_time()
+        .zip(t.cpu)
+        .map(|(now, then)| now.saturating_sub(then));
     DeviceRow {
         pattern,
         io,
         queue_depth: qd,
-        pages_per_s: bytes as f64 / 4096.0 / secs,
+        pages_per_s: pages / secs,
         mib_per_s: bytes as f64 / f64::from(1 << 20) / secs,
+        cpu_us_per_page: cpu.map(|c| c.as_secs_f64() * 1e6 / pages.max(1.0)),
     }
 }
 
@@ -194,28 +219,16 @@ pub fn measure(
             faultline::store::FileOptions::new().poll,
         ),
     ] {
-        let t = Instant::now();
+        let t = Started::now();
         match random_reads(&f, len, threads, ops, secs, spin) {
-            Ok(b) => rows.push(row(
-                "random-read",
-                io,
-                threads,
-                b,
-                t.elapsed().as_secs_f64(),
-            )),
+            Ok(b) => rows.push(row("random-read", io, threads, b, &t)),
             Err(e) if unsupported(&e) => return Ok(Err(skip(&e))),
             Err(e) => return Err(e).context("O_DIRECT random reads"),
         }
     }
-    let t = Instant::now();
+    let t = Started::now();
     let seq = seq_reads(&f, len, secs).context("O_DIRECT sequential reads")?;
-    let seq = row(
-        "seq-read",
-        "O_DIRECT read 1 MiB",
-        SEQ_DEPTH,
-        seq,
-        t.elapsed().as_secs_f64(),
-    );
+    let seq = row("seq-read", "O_DIRECT read 1 MiB", SEQ_DEPTH, seq, &t);
     rows.push(seq);
     Ok(Ok(rows))
 }

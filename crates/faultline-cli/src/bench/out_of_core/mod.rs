@@ -233,7 +233,8 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
     let c = &m.child;
     report.rows.push(
         json!({"system": system, "hint": hint, "io": io, "mode": mode, "pattern": pattern,
-        "threads": s.threads, "ops_per_s": m.ops, "max_rss_mib": m.rss,
+        "threads": s.threads, "ops_per_s": m.ops, "cpu_us_per_op": c["cpu_us_per_op"],
+        "max_rss_mib": m.rss,
         "vs_kernel": vs, "vs_kernel_best": vs_best,
         "fault_p50_us": c["fault_p50_us"], "fault_p99_us": c["fault_p99_us"],
         "fault_mean_us": c["fault_mean_us"], "store_read_p50_us": c["store_read_p50_us"],
@@ -257,6 +258,7 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         pattern.into(),
         s.threads.to_string(),
         format!("{:.0}", m.ops),
+        cpu_cell(c["cpu_us_per_op"].as_f64()),
         "-".into(),
         format!("{:.0}", m.rss),
         format!("{vs:.2}x"),
@@ -268,11 +270,17 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
     ]);
 }
 
+/// A row's CPU per op for the table: µs with one decimal, `-` if unknown.
+fn cpu_cell(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".into(), |us| format!("{us:.1}"))
+}
+
 /// Adds a device row (`threads` holds the queue depth).
 fn push_device(report: &mut Report, d: &DeviceRow) {
     report.rows.push(
         json!({"system": "device", "hint": "-", "mode": "-", "pattern": d.pattern,
         "io": d.io, "queue_depth": d.queue_depth, "ops_per_s": d.pages_per_s,
+        "cpu_us_per_op": d.cpu_us_per_page,
         "mib_per_s": d.mib_per_s}),
     );
     let io = if d.io.contains("polled") {
@@ -288,6 +296,7 @@ fn push_device(report: &mut Report, d: &DeviceRow) {
         d.pattern.into(),
         format!("qd {}", d.queue_depth),
         format!("{:.0}", d.pages_per_s),
+        cpu_cell(d.cpu_us_per_page),
         format!("{:.0}", d.mib_per_s),
         "-".into(),
         "-".into(),
@@ -388,6 +397,7 @@ pub fn run(opts: &OocOpts) -> anyhow::Result<Report> {
             "pattern",
             "threads",
             "ops_per_s",
+            "cpu_us_per_op",
             "mib_per_s",
             "max_rss_mib",
             "vs_kernel",
@@ -448,7 +458,11 @@ fn notes(s: &Setup, report: &mut Report) {
          reclaim_waits: faults that found no frame after four reclaim passes and waited for one. \
          flush_ms (write rows): after the timed ops, the time until every page they dirtied was on the disk \
          (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
-         not in ops_per_s."
+         not in ops_per_s. cpu_us_per_op: the run's CPU time per op, every thread of its process (the \
+         program's threads with the kernel's work in their faults and reads; faultline's workers, reclaimer \
+         and helpers), measured over the timed ops (CLOCK_PROCESS_CPUTIME_ID); kernel threads such as \
+         kswapd are not in it. On a machine whose CPUs the run keeps busy, CPU per op sets the rate as much \
+         as the device does."
             .into(),
     );
     if !report.rows.iter().any(|r| r["system"] == "device") {
@@ -459,7 +473,8 @@ fn notes(s: &Setup, report: &mut Report) {
          reads at queue depth {} (one synchronous thread per slot, up to {} reads each; sleeping in pread, then \
          polled on io_uring as faultline's file store reads), and 1 MiB reads \
          of consecutive chunks at queue depth 4 (one pass at most); ops_per_s in 4 KiB pages, mib_per_s in MiB; \
-         at most {} s each. The upper bound for a pattern's faults that miss memory.",
+         at most {} s each; cpu_us_per_op: the bench process's CPU per 4 KiB page read. The upper bound \
+         for a pattern's faults that miss memory.",
         s.threads, s.ops, s.secs
     ));
 }

@@ -1,0 +1,52 @@
+//! `faultline bench out-of-core` runs end to end on one pattern: every row
+//! is there with a rate and the CPU it cost, and no figure is below what
+//! the hardware can do. Needs root (userfaultfd, the memory cgroup,
+//! dropping the page cache); fails saying so.
+
+use serde_json::Value;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_faultline");
+
+#[test]
+fn bench_out_of_core_gives_every_row_its_rate_and_cpu() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "out-of-core",
+            "--quick",
+            "--json",
+            "--threads",
+            "1",
+            "--pattern",
+            "random-read",
+        ])
+        .output()
+        .expect("run faultline");
+    assert!(
+        out.status.success(),
+        "bench out-of-core failed (needs root and a memory cgroup controller, v1 or v2): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = v["rows"].as_array().expect("rows");
+    let random: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["pattern"] == "random-read")
+        .collect();
+    // Two device rows (sleeping, polled), two kernel rows, five faultline.
+    assert_eq!(random.len(), 9, "{v}");
+    for row in random {
+        let ops = row["ops_per_s"].as_f64().unwrap_or(0.0);
+        assert!(ops > 0.0, "no rate: {row}");
+        // A random 4 KiB read that misses memory enters the kernel and
+        // waits for the device at least most of the time: under a
+        // microsecond of CPU per op would mean the clock or the count is
+        // wrong. (The unhinted kernel row reads ahead a whole window per
+        // fault: tens of microseconds or more.)
+        let cpu = row["cpu_us_per_op"].as_f64().unwrap_or(0.0);
+        assert!((1.0..1e6).contains(&cpu), "CPU per op out of range: {row}");
+    }
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("cpu_us_per_op"), "{notes}");
+}
