@@ -3,6 +3,8 @@
 //! and cluster, the demo uses one this test starts. Needs root (userfaultfd,
 //! the memory cgroup, swap on zram) and `redis-server`; fails saying so.
 
+mod bench_json;
+
 use serde_json::Value;
 use std::process::Command;
 
@@ -10,23 +12,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_faultline");
 
 #[test]
 fn bench_far_memory_has_every_row() {
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "far-memory",
-            "--quick",
-            "--json",
-            "--pattern",
-            "random-read",
-        ])
-        .output()
-        .expect("run faultline");
-    assert!(
-        out.status.success(),
-        "bench far-memory failed (needs root, a memory cgroup controller (v1 or v2), redis-server): {}",
-        String::from_utf8_lossy(&out.stderr)
+    let v: Value = bench_json::report(
+        "far-memory",
+        &["--pattern", "random-read"],
+        "root, a memory cgroup controller (v1 or v2), redis-server",
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let rows = v["rows"].as_array().expect("rows");
     for system in [
         "faultline-file",

@@ -3,32 +3,17 @@
 //! the hardware can do. Needs root (userfaultfd, the memory cgroup,
 //! dropping the page cache); fails saying so.
 
-use serde_json::Value;
-use std::process::Command;
+mod bench_json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_faultline");
+use serde_json::Value;
 
 #[test]
 fn bench_out_of_core_gives_every_row_its_rate_and_cpu() {
-    let out = Command::new(BIN)
-        .args([
-            "bench",
-            "out-of-core",
-            "--quick",
-            "--json",
-            "--threads",
-            "1",
-            "--pattern",
-            "random-read",
-        ])
-        .output()
-        .expect("run faultline");
-    assert!(
-        out.status.success(),
-        "bench out-of-core failed (needs root and a memory cgroup controller, v1 or v2): {}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = bench_json::report(
+        "out-of-core",
+        &["--threads", "1", "--pattern", "random-read"],
+        "root and a memory cgroup controller, v1 or v2",
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let rows = v["rows"].as_array().expect("rows");
     let random: Vec<&Value> = rows
         .iter()
