@@ -32,8 +32,9 @@ fn bench_far_memory_has_every_row() {
         assert!(row["pattern"].is_string(), "{row}");
         assert!(row["ops_per_s"].as_f64().is_some_and(|x| x > 0.0), "{row}");
         if system.starts_with("faultline") {
-            // Its child's CPU per op: a fault over Redis enters the kernel
-            // and waits on a socket, so at least a microsecond.
+            // Its child's CPU per op: a fault on data that is not in
+            // memory enters the kernel and reads the file or a socket, so
+            // at least a microsecond.
             assert!(
                 row["cpu_us_per_op"].as_f64().is_some_and(|x| x >= 1.0),
                 "{row}"

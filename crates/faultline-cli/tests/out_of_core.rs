@@ -1,7 +1,9 @@
 //! `faultline bench out-of-core` runs end to end on one pattern: every row
-//! is there with a rate and the CPU it cost, and no figure is below what
-//! the hardware can do. Needs root (userfaultfd, the memory cgroup,
-//! dropping the page cache); fails saying so.
+//! is there with a rate and the CPU it cost, within bounds a real run
+//! cannot fall outside. Needs root (userfaultfd, the memory cgroup,
+//! dropping the page cache); fails saying so. The device rows need a file
+//! system with `O_DIRECT` under the bench's directory; where it has none,
+//! the report says so in a note and the test checks the other rows.
 
 mod bench_json;
 
@@ -20,7 +22,13 @@ fn bench_out_of_core_gives_every_row_its_rate_and_cpu() {
         .filter(|r| r["pattern"] == "random-read")
         .collect();
     // Two device rows (sleeping, polled), two kernel rows, five faultline.
-    assert_eq!(random.len(), 9, "{v}");
+    let notes = v["notes"].to_string();
+    let device_rows = if notes.contains("device rows skipped") {
+        0
+    } else {
+        2
+    };
+    assert_eq!(random.len(), device_rows + 7, "{v}");
     for row in random {
         let ops = row["ops_per_s"].as_f64().unwrap_or(0.0);
         assert!(ops > 0.0, "no rate: {row}");
@@ -32,6 +40,5 @@ fn bench_out_of_core_gives_every_row_its_rate_and_cpu() {
         let cpu = row["cpu_us_per_op"].as_f64().unwrap_or(0.0);
         assert!((1.0..1e6).contains(&cpu), "CPU per op out of range: {row}");
     }
-    let notes = v["notes"].to_string();
     assert!(notes.contains("cpu_us_per_op"), "{notes}");
 }

@@ -17,7 +17,7 @@
 //! Every row: `system`, `pattern`, `ops_per_s`, peak RSS, and for faultline
 //! the fault service time (median, p99); the rows run by a child (faultline
 //! and the kernel's swap) also `cpu_us_per_op`, the child's CPU per op over
-//! the timed ops (`bench out-of-core`'s notes); `vs_file` against the
+//! the timed ops (the report's notes say what it holds); `vs_file` against the
 //! faultline-over-a-file row of the same pattern.
 
 mod raw;
@@ -361,7 +361,9 @@ fn notes(s: &Setup, report: &mut Report) {
          faultline-redis-cluster waits for one replica per write-back (WAIT 1). faultline rows serve \
          faults with workers (the default), faultline-redis-in-thread in the faulting threads \
          (FaultMode::InThread). fault_p50/p99_us: \
-         faultline's fault service time. redis-raw: GET and MGET from one client thread, and GET from \
+         faultline's fault service time. cpu_us_per_op (JSON, faultline and kernel-swap rows): the row's \
+         CPU time per op over the timed ops, every thread of its process with the kernel's work in their \
+         system calls and faults (kswapd and the zram compression it does are not in it). redis-raw: GET and MGET from one client thread, and GET from \
          as many client threads at once as the rows' threads (a connection each), in this run."
             .into(),
     );

@@ -4,7 +4,8 @@
 //! `madvise` hint, or a faultline region), anonymous memory the kernel
 //! swaps (`anon`), or a faultline region over Redis (`redis`,
 //! `redis-cluster`: `--url`) — fills it first where it starts empty
-//! (untimed), runs the pattern, and prints one JSON line: ops/s, its peak
+//! (untimed), runs the pattern, and prints one JSON line: ops/s, the CPU
+//! its process used per op over the timed ops (`cpu_us_per_op`), its peak
 //! RSS (`VmHWM`), after a pattern that writes to the file the time its
 //! dirty pages took to reach the disk (`flush_ms`: `msync`, or the region's
 //! `flush`), and for faultline its fault service time, its fault
@@ -149,9 +150,11 @@ fn vm_hwm_mib() -> f64 {
 pub(crate) struct Driven {
     pub ops_per_s: f64,
     /// CPU time of the whole process (every thread: the program's, and a
-    /// faultline manager's workers and helpers; the kernel's work in a
-    /// fault or a read counts for the thread it runs for) during the run,
-    /// per op done, µs. `None` if the process's CPU clock could not be read.
+    /// faultline manager's workers and helpers, with the kernel's work in
+    /// their system calls and faults; an interrupt's time counts for
+    /// whichever thread it interrupted) during the run, per op done, µs.
+    /// `None` if the process's CPU clock could not be read or no op was
+    /// done.
     pub cpu_us_per_op: Option<f64>,
 }
 
@@ -231,7 +234,9 @@ pub(crate) fn drive(
         .map(|(now, then)| now.saturating_sub(then));
     Driven {
         ops_per_s: done as f64 / secs,
-        cpu_us_per_op: cpu.map(|c| c.as_secs_f64() * 1e6 / done.max(1) as f64),
+        cpu_us_per_op: cpu
+            .filter(|_| done > 0)
+            .map(|c| c.as_secs_f64() * 1e6 / done as f64),
     }
 }
 

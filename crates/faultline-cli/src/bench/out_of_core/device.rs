@@ -36,8 +36,9 @@ pub struct DeviceRow {
     pub pages_per_s: f64,
     pub mib_per_s: f64,
     /// The bench process's CPU time during the measurement (its reading
-    /// threads', the kernel's work for them included) per 4 KiB page read,
-    /// µs; `None` if the process's CPU clock could not be read.
+    /// threads', the kernel's work in their reads included) per 4 KiB page
+    /// read, µs; `None` if the process's CPU clock could not be read or
+    /// nothing was read.
     pub cpu_us_per_page: Option<f64>,
 }
 
@@ -185,7 +186,9 @@ fn row(pattern: &'static str, io: &'static str, qd: usize, bytes: usize, t: &Sta
         queue_depth: qd,
         pages_per_s: pages / secs,
         mib_per_s: bytes as f64 / f64::from(1 << 20) / secs,
-        cpu_us_per_page: cpu.map(|c| c.as_secs_f64() * 1e6 / pages.max(1.0)),
+        cpu_us_per_page: cpu
+            .filter(|_| bytes > 0)
+            .map(|c| c.as_secs_f64() * 1e6 / pages),
     }
 }
 

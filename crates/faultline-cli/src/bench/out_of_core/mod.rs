@@ -14,8 +14,9 @@
 //! measured in the same run.
 //!
 //! The child (`faultline ooc-child`, hidden; `child`) waits for the parent to move it
-//! into the cgroup, runs the pattern, and prints one JSON line: ops/s and its
-//! peak RSS (`VmHWM`). An op touches 8 bytes of one 4 KiB page: reads sum
+//! into the cgroup, runs the pattern, and prints one JSON line: ops/s, the
+//! CPU its process used per op over the timed ops, and its peak RSS
+//! (`VmHWM`). An op touches 8 bytes of one 4 KiB page: reads sum
 //! them, writes store a value. Sequential patterns walk the file from each
 //! thread's own start; random ones pick uniformly over the whole file. A run
 //! stops after its ops or a time cap, whichever comes first.
@@ -459,8 +460,8 @@ fn notes(s: &Setup, report: &mut Report) {
          flush_ms (write rows): after the timed ops, the time until every page they dirtied was on the disk \
          (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
          not in ops_per_s. cpu_us_per_op: the run's CPU time per op, every thread of its process (the \
-         program's threads with the kernel's work in their faults and reads; faultline's workers, reclaimer \
-         and helpers), measured over the timed ops (CLOCK_PROCESS_CPUTIME_ID); kernel threads such as \
+         program's threads with the kernel's work in their system calls and faults; faultline's workers, \
+         reclaimer and helpers; an interrupt counts for the thread it interrupted), measured over the timed ops (CLOCK_PROCESS_CPUTIME_ID); kernel threads such as \
          kswapd are not in it. On a machine whose CPUs the run keeps busy, CPU per op sets the rate as much \
          as the device does."
             .into(),
