@@ -339,10 +339,15 @@ fn reopen_with(
 /// Benches take it before and after a timed run to give the CPU a run cost
 /// beside its rate.
 pub fn process_cpu_time() -> Option<std::time::Duration> {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The CPU-time clock `id` (`clock_gettime`), `None` where it cannot be read.
+fn cpu_clock(id: libc::clockid_t) -> Option<std::time::Duration> {
     // SAFETY: timespec is plain data; all-zero is a valid value.
     let mut t: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: `t` is a valid, writable timespec for the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
+    if unsafe { libc::clock_gettime(id, &mut t) } != 0 {
         return None;
     }
     Some(std::time::Duration::new(
@@ -485,14 +490,8 @@ mod tests {
     #[test]
     fn process_cpu_time_counts_other_threads_work() {
         // The calling thread's own CPU clock.
-        fn thread_cpu() -> std::time::Duration {
-            // SAFETY: timespec is plain data; all-zero is a valid value.
-            let mut t: libc::timespec = unsafe { std::mem::zeroed() };
-            // SAFETY: `t` is a valid, writable timespec for the call.
-            let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-            assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID");
-            std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-        }
+        let thread_cpu =
+            || cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID).expect("CLOCK_THREAD_CPUTIME_ID");
         let burn = std::time::Duration::from_millis(30);
         let before = process_cpu_time().expect("CLOCK_PROCESS_CPUTIME_ID");
         // Another thread burns 30 ms of its own CPU (however long that

@@ -248,6 +248,37 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// The clocks of a timed run, read at its start: wall time, and the
+/// process's CPU time (every thread, with the kernel's work in their
+/// system calls and faults). Read again at its end for a rate and the CPU
+/// per item done.
+pub struct RunClocks {
+    at: std::time::Instant,
+    cpu: Option<std::time::Duration>,
+}
+
+impl RunClocks {
+    pub fn start() -> RunClocks {
+        RunClocks {
+            cpu: faultline_sys::host::process_cpu_time(),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// Seconds since the start.
+    pub fn secs(&self) -> f64 {
+        self.at.elapsed().as_secs_f64()
+    }
+
+    /// The process's CPU time since the start per item of `items`, µs;
+    /// `None` if the CPU clock could not be read or nothing was done.
+    pub fn cpu_us_per(&self, items: f64) -> Option<f64> {
+        let now = faultline_sys::host::process_cpu_time()?;
+        let used = now.saturating_sub(self.cpu?);
+        (items > 0.0).then(|| used.as_secs_f64() * 1e6 / items)
+    }
+}
+
 /// A small deterministic generator (xorshift64), so runs are repeatable.
 pub fn rng(seed: u64) -> impl FnMut() -> u64 {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -363,8 +363,9 @@ fn notes(s: &Setup, report: &mut Report) {
          (FaultMode::InThread). fault_p50/p99_us: \
          faultline's fault service time. cpu_us_per_op (JSON, faultline and kernel-swap rows): the row's \
          CPU time per op over the timed ops, every thread of its process with the kernel's work in their \
-         system calls and faults (kswapd and the zram compression it does are not in it). redis-raw: GET and MGET from one client thread, and GET from \
-         as many client threads at once as the rows' threads (a connection each), in this run."
+         system calls and faults (kswapd and the zram compression it does are not in it). redis-raw: \
+         GET and MGET from one client thread, and GET from as many client threads at once as the \
+         rows' threads (a connection each), in this run."
             .into(),
     );
     goals(report);

@@ -13,7 +13,7 @@
 //! manager takes every manager option the parent bench was given
 //! ([`crate::bench::BenchOpts::child_args`]).
 
-use crate::bench::rng;
+use crate::bench::{rng, RunClocks};
 use anyhow::bail;
 use faultline::store::{File, FileOptions, Redis, RedisCluster, RedisOptions};
 use faultline::{FaultMode, ManagerBuilder, MapOptions};
@@ -184,8 +184,8 @@ pub(crate) fn drive(
     let hot = pattern.ends_with("hot");
     let random = pattern.starts_with("random");
     let salt = run_salt();
-    let cpu_then = faultline_sys::host::process_cpu_time();
-    let t = Instant::now();
+    let clocks = RunClocks::start();
+    let t = &clocks;
     let done: usize = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|th| {
@@ -195,7 +195,7 @@ pub(crate) fn drive(
                     let mut sum = 0u64;
                     let mut i = 0;
                     while i < ops {
-                        if i % 256 == 0 && t.elapsed().as_secs_f64() > secs {
+                        if i % 256 == 0 && t.secs() > secs {
                             break;
                         }
                         let p = if hot && next() % 10 < 9 {
@@ -228,15 +228,9 @@ pub(crate) fn drive(
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
     });
-    let secs = t.elapsed().as_secs_f64();
-    let cpu = faultline_sys::host::process_cpu_time()
-        .zip(cpu_then)
-        .map(|(now, then)| now.saturating_sub(then));
     Driven {
-        ops_per_s: done as f64 / secs,
-        cpu_us_per_op: cpu
-            .filter(|_| done > 0)
-            .map(|c| c.as_secs_f64() * 1e6 / done as f64),
+        ops_per_s: done as f64 / clocks.secs(),
+        cpu_us_per_op: clocks.cpu_us_per(done as f64),
     }
 }
 

@@ -15,7 +15,7 @@
 //! without `O_DIRECT` (tmpfs) gives `EINVAL`: the rows are skipped with the
 //! reason, not failed.
 
-use crate::bench::rng;
+use crate::bench::{rng, RunClocks};
 use anyhow::Context;
 use std::alloc::Layout;
 use std::fs::File;
@@ -159,36 +159,22 @@ fn join_sum(
     Ok(total)
 }
 
-/// A measurement started: its clocks.
-struct Started {
-    at: Instant,
-    cpu: Option<Duration>,
-}
-
-impl Started {
-    fn now() -> Started {
-        Started {
-            cpu: faultline_sys::host::process_cpu_time(),
-            at: Instant::now(),
-        }
-    }
-}
-
-fn row(pattern: &'static str, io: &'static str, qd: usize, bytes: usize, t: &Started) -> DeviceRow {
-    let secs = t.at.elapsed().as_secs_f64();
+fn row(
+    pattern: &'static str,
+    io: &'static str,
+    qd: usize,
+    bytes: usize,
+    t: &RunClocks,
+) -> DeviceRow {
+    let secs = t.secs();
     let pages = bytes as f64 / 4096.0;
-    let cpu = faultline_sys::host::process_cpu_time()
-        .zip(t.cpu)
-        .map(|(now, then)| now.saturating_sub(then));
     DeviceRow {
         pattern,
         io,
         queue_depth: qd,
         pages_per_s: pages / secs,
         mib_per_s: bytes as f64 / f64::from(1 << 20) / secs,
-        cpu_us_per_page: cpu
-            .filter(|_| bytes > 0)
-            .map(|c| c.as_secs_f64() * 1e6 / pages),
+        cpu_us_per_page: t.cpu_us_per(pages),
     }
 }
 
@@ -222,14 +208,14 @@ pub fn measure(
             faultline::store::FileOptions::new().poll,
         ),
     ] {
-        let t = Started::now();
+        let t = RunClocks::start();
         match random_reads(&f, len, threads, ops, secs, spin) {
             Ok(b) => rows.push(row("random-read", io, threads, b, &t)),
             Err(e) if unsupported(&e) => return Ok(Err(skip(&e))),
             Err(e) => return Err(e).context("O_DIRECT random reads"),
         }
     }
-    let t = Started::now();
+    let t = RunClocks::start();
     let seq = seq_reads(&f, len, secs).context("O_DIRECT sequential reads")?;
     let seq = row("seq-read", "O_DIRECT read 1 MiB", SEQ_DEPTH, seq, &t);
     rows.push(seq);

@@ -461,8 +461,8 @@ fn notes(s: &Setup, report: &mut Report) {
          (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
          not in ops_per_s. cpu_us_per_op: the run's CPU time per op, every thread of its process (the \
          program's threads with the kernel's work in their system calls and faults; faultline's workers, \
-         reclaimer and helpers; an interrupt counts for the thread it interrupted), measured over the timed ops (CLOCK_PROCESS_CPUTIME_ID); kernel threads such as \
-         kswapd are not in it. On a machine whose CPUs the run keeps busy, CPU per op sets the rate as much \
+         reclaimer and helpers; an interrupt counts for the thread it interrupted), measured over the \
+         timed ops (CLOCK_PROCESS_CPUTIME_ID); kernel threads such as kswapd are not in it. On a machine whose CPUs the run keeps busy, CPU per op sets the rate as much \
          as the device does."
             .into(),
     );
