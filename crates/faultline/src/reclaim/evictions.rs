@@ -1,13 +1,21 @@
 //! Parked pages evicted in batches: the clock hand collects up to 32
-//! (`batch.rs`) parked 4 KiB pages of writable stores, each with its
-//! fault lock held, and evicts them together — their dirty pages go to each region's store
-//! in one call (`writeback::put_pages`: a file store has them all in
+//! (`batch.rs`) dirty parked 4 KiB pages of writable stores, each with its
+//! fault lock held, and evicts them together — they go to each region's
+//! store in one call (`writeback::put_pages`: a file store has them all in
 //! flight at once, a remote store takes them in one round trip), then every
 //! frame is freed. Evicted one at a time, a reclaimer kept one write in
 //! flight beside the program's reads, and a device serves many at once
 //! faster (the project's virtual disk: 15k random 4 KiB writes/s one at a
 //! time, 50k eight at a time; docs/measurements.md, "Write-back in
 //! batches").
+//!
+//! A clean parked page (its bytes still hash to the store's copy's
+//! fingerprint, `dirty.rs`) has nothing to write, so it is evicted as soon
+//! as the hand meets it ([`evict_if_clean`]) and its lock let go. Batched
+//! with the dirty ones, it kept its lock while the hand parked further
+//! pages (each a `UFFDIO_MOVE` and a TLB shootdown) until 32 had gathered,
+//! and a program thread touching it again waited all that while
+//! (docs/measurements.md §32).
 //!
 //! Invariants: a page's frame is freed only after its bytes are safe in
 //! the store (a failed write keeps every page of its region's call parked
@@ -48,6 +56,31 @@ pub(super) fn victim(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
         }
         _ => None,
     }
+}
+
+/// Evicts `page` of `r`, parked in frame `f` ([`victim`]), at once if it
+/// is clean: its fingerprint is there and its bytes still hash to it. Its
+/// frame goes on `evicted`; returns whether it went. A dirty page (or one
+/// without a fingerprint: dirty since its fill) is left for the batch. The
+/// caller holds its fault lock.
+pub(super) fn evict_if_clean(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    f: u32,
+    evicted: &mut Vec<Frame>,
+) -> bool {
+    let mut frame = Frame::from_parts(f, 0);
+    // SAFETY: the page is parked in `f` (`victim`, under its lock, which
+    // the caller holds): nobody else reads or writes the frame, and it is
+    // whole in its slot.
+    let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+    if !writeback::is_clean(r, page, bytes) {
+        return false;
+    }
+    core.stats.clean_skipped.fetch_add(1, Ordering::Relaxed);
+    free_written(core, r, &[(page, f)], evicted);
+    true
 }
 
 /// Evicts the batch of parked pages `batch`: per region, its dirty pages

@@ -3,7 +3,8 @@
 //! frames are freed or two turns are done. Each page in use is visited
 //! under its fault lock: a clean write-protected page joins the batch that
 //! is dropped without parking (`drops.rs`), a parked 4 KiB page of a
-//! writable store joins the batch evicted together (`evictions.rs`), a run
+//! writable store is evicted at once if clean, or joins the batch of dirty
+//! ones evicted together (`evictions.rs`), a run
 //! of pages is parked or evicted with one call (`runs.rs`), anything else
 //! is stepped alone (`mod.rs: step`: park a resident page, evict a parked
 //! one).
@@ -157,6 +158,10 @@ impl<'a> Pass<'a> {
             return run;
         }
         if let Some(f) = evictions::victim(core, r, page) {
+            if evictions::evict_if_clean(core, r, page, f, &mut self.evicted) {
+                self.freed += 1;
+                return 1;
+            }
             self.evictions.push(r, page, f, (idx, guard));
             if self.evictions.is_full() {
                 self.evict_batch();

@@ -51,6 +51,14 @@ pub(crate) fn put(
     put_pages(core, r, &[(page, bytes)], after)
 }
 
+/// Whether `bytes`, the content of `page` of `r`, are the store's copy:
+/// the page has a fingerprint and they hash to it ([`crate::dirty`]).
+/// Caller holds the page's lock and `bytes` cannot change meanwhile.
+pub(crate) fn is_clean(r: &RegionInner, page: usize, bytes: &[u8]) -> bool {
+    r.fingerprint(page)
+        .is_some_and(|had| crate::dirty::fingerprint(bytes) == had)
+}
+
 /// [`put`] for `pages` of `r` (each page and its content, ascending, not
 /// necessarily consecutive: a run, or a batch of scattered victims), their
 /// locks held: the dirty ones go to the store in one call
