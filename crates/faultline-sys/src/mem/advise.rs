@@ -6,10 +6,13 @@
 //!
 //! Invariants: every call first checks that the range lies inside the mapping
 //! and refuses it with `EINVAL` otherwise, so none of them can touch memory
-//! the mapping does not own. Each is one system call; no locks.
+//! the mapping does not own. Each is one system call (on a kernel before
+//! `PIDFD_SELF_THREAD_GROUP`, a vector's discard also opens and closes a
+//! pidfd); no locks.
 
 use super::Mapping;
 use crate::{SysError, PAGE_SIZE};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Advice that changes no data (safe to give at any time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,8 +186,12 @@ impl Mapping {
     /// where a call per range flushes once each (measurements.md, "Does
     /// Linux batch the TLB flush"). Falls back to a call per range on a
     /// kernel without it (`ENOSYS`, `EINVAL`: before 5.10, or before
-    /// `MADV_DONTNEED` was accepted there). The pidfd is opened per call:
-    /// one kept would name the parent in a child of `fork()`.
+    /// `MADV_DONTNEED` was accepted there). The process is named by the
+    /// kernel's `PIDFD_SELF_THREAD_GROUP` (Linux 6.15 and later: no
+    /// descriptor at all, and always the calling process, also in a child
+    /// of `fork()`); a kernel that does not know it refuses it with
+    /// `EBADF`, and from then on a pidfd is opened per call (one kept would
+    /// name the parent in a child of `fork()`).
     ///
     /// # Safety
     /// As [`Mapping::discard`], for every range.
@@ -211,9 +218,6 @@ impl Mapping {
     unsafe fn discard_vector(&self, ranges: &[(usize, usize)]) -> Result<(), SysError> {
         let (addr, _) = ranges[0];
         let total: usize = ranges.iter().map(|&(_, l)| l).sum();
-        // SAFETY: pidfd_open takes no pointers; the descriptor is owned
-        // (closed on every path) by `OwnedFd`.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
         let fallback = || {
             for &(a, l) in ranges {
                 // SAFETY: the caller's contract.
@@ -221,12 +225,6 @@ impl Mapping {
             }
             Ok(())
         };
-        if raw < 0 {
-            return fallback();
-        }
-        // SAFETY: a descriptor the call above just opened, owned by nobody else.
-        let pidfd =
-            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as i32) };
         let iov: Vec<libc::iovec> = ranges
             .iter()
             .map(|&(a, l)| libc::iovec {
@@ -237,16 +235,10 @@ impl Mapping {
         // SAFETY: `iov` describes ranges inside this mapping (checked by
         // the caller) and lives across the call; the caller guarantees no
         // reference observes their bytes.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_process_madvise,
-                std::os::fd::AsRawFd::as_raw_fd(&pidfd),
-                iov.as_ptr(),
-                iov.len(),
-                libc::MADV_DONTNEED,
-                0u32,
-            )
-        };
+        let rc = unsafe { madvise_self(&iov) };
+        if rc == PIDFD_UNAVAILABLE {
+            return fallback();
+        }
         if rc < 0 {
             let e = SysError::last("process_madvise(MADV_DONTNEED)", addr, total);
             if matches!(e.errno, libc::ENOSYS | libc::EINVAL | libc::EPERM) {
@@ -260,6 +252,80 @@ impl Mapping {
             return fallback();
         }
         Ok(())
+    }
+}
+
+/// The kernel's name for the calling process in pidfd-taking calls
+/// (`PIDFD_SELF_THREAD_GROUP`, `include/uapi/linux/pidfd.h`, Linux 6.15;
+/// the C headers here are older).
+const PIDFD_SELF_THREAD_GROUP: libc::c_int = -10001;
+
+/// Set once a kernel refused [`PIDFD_SELF_THREAD_GROUP`] (`EBADF`: it
+/// predates the sentinel), so later calls open a pidfd at once. Relaxed: a
+/// hint; a call that misses it only tries the sentinel once more.
+static SELF_SENTINEL_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// `process_madvise(MADV_DONTNEED)` of `iov` in this process: through
+/// [`PIDFD_SELF_THREAD_GROUP`] unless a kernel refused it, else through a
+/// pidfd opened for the call ([`madvise_by_pidfd`]). Bytes advised, or -1
+/// with `errno` set, or [`PIDFD_UNAVAILABLE`].
+///
+/// # Safety
+/// As [`process_madvise`], for this process.
+unsafe fn madvise_self(iov: &[libc::iovec]) -> libc::c_long {
+    if !SELF_SENTINEL_REFUSED.load(Ordering::Relaxed) {
+        // SAFETY: the caller's contract.
+        let rc = unsafe { process_madvise(PIDFD_SELF_THREAD_GROUP, iov) };
+        if rc >= 0 || crate::last_errno() != libc::EBADF {
+            return rc;
+        }
+        SELF_SENTINEL_REFUSED.store(true, Ordering::Relaxed);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { madvise_by_pidfd(iov) }
+}
+
+/// [`madvise_self`] through a pidfd of this process opened for the call
+/// (kernels before [`PIDFD_SELF_THREAD_GROUP`]); [`PIDFD_UNAVAILABLE`] if
+/// none can be opened.
+///
+/// # Safety
+/// As [`process_madvise`], for this process.
+unsafe fn madvise_by_pidfd(iov: &[libc::iovec]) -> libc::c_long {
+    // SAFETY: pidfd_open takes no pointers; the descriptor is owned (closed
+    // on every path) by `OwnedFd`.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if raw < 0 {
+        return PIDFD_UNAVAILABLE;
+    }
+    // SAFETY: a descriptor the call above just opened, owned by nobody else.
+    let pidfd =
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as i32) };
+    // SAFETY: the caller's contract; `pidfd` names this process.
+    unsafe { process_madvise(std::os::fd::AsRawFd::as_raw_fd(&pidfd), iov) }
+}
+
+/// [`madvise_by_pidfd`]'s answer when no pidfd could be opened (before
+/// Linux 5.3): the caller discards range by range.
+const PIDFD_UNAVAILABLE: libc::c_long = -2;
+
+/// `process_madvise(pidfd, iov, MADV_DONTNEED)`: bytes advised, or -1 with
+/// `errno` set.
+///
+/// # Safety
+/// `iov` describes ranges of the process `pidfd` names whose bytes no
+/// reference observes (they read back as zeros afterwards).
+unsafe fn process_madvise(pidfd: libc::c_int, iov: &[libc::iovec]) -> libc::c_long {
+    // SAFETY: the caller's contract; `iov` is valid for the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_process_madvise,
+            pidfd,
+            iov.as_ptr(),
+            iov.len(),
+            libc::MADV_DONTNEED,
+            0u32,
+        )
     }
 }
 
@@ -336,5 +402,50 @@ mod tests {
         // SAFETY: as above.
         let first = unsafe { std::ptr::read_volatile(m.addr() as *const u8) };
         assert_eq!(first, 1, "nothing dropped");
+    }
+
+    /// Both ways of naming this process to `process_madvise` drop exactly
+    /// the pages given, and the sentinel works on this project's kernel
+    /// (6.18): a refusal would cost two more system calls per batch.
+    #[test]
+    fn the_self_sentinel_and_a_pidfd_drop_the_same_pages() {
+        type Way = unsafe fn(&[libc::iovec]) -> libc::c_long;
+        let ways: [(&str, Way); 2] = [
+            ("sentinel", |iov| {
+                // SAFETY: as for `madvise_by_pidfd`, which the caller upholds.
+                unsafe { process_madvise(PIDFD_SELF_THREAD_GROUP, iov) }
+            }),
+            ("pidfd", madvise_by_pidfd),
+        ];
+        for (name, way) in ways {
+            let pages = 16;
+            let m = Mapping::anonymous(pages * PAGE_SIZE, PAGE_SIZE).expect("mmap");
+            for i in 0..pages {
+                // SAFETY: inside the mapping, which nothing else references.
+                unsafe { std::ptr::write_volatile((m.addr() + i * PAGE_SIZE) as *mut u8, 7) };
+            }
+            let iov: Vec<libc::iovec> = [1, 4, 5, 11]
+                .iter()
+                .map(|&i| libc::iovec {
+                    iov_base: (m.addr() + i * PAGE_SIZE) as *mut libc::c_void,
+                    iov_len: PAGE_SIZE,
+                })
+                .collect();
+            // SAFETY: the ranges are inside the mapping; nothing references
+            // their bytes.
+            let rc = unsafe { way(&iov) };
+            assert_eq!(
+                rc,
+                (4 * PAGE_SIZE) as libc::c_long,
+                "{name}: errno {}",
+                crate::last_errno()
+            );
+            for i in 0..pages {
+                // SAFETY: as above.
+                let v = unsafe { std::ptr::read_volatile((m.addr() + i * PAGE_SIZE) as *const u8) };
+                let dropped = [1, 4, 5, 11].contains(&i);
+                assert_eq!(v, if dropped { 0 } else { 7 }, "{name}: page {i}");
+            }
+        }
     }
 }
