@@ -20,7 +20,9 @@
 //! is one needless write of that page, never a lost one.
 //!
 //! Eviction hashes the parked frame (quiescent in its pool slot: nothing can
-//! write it) and writes back only on a mismatch; `Region::flush` copies each
+//! write it) and writes back only on a mismatch (the clock hand drops the
+//! fingerprint of a victim so found dirty, which then waits in a batch for
+//! its write without a second hash: `reclaim/evictions.rs`); `Region::flush` copies each
 //! page, hashes the copy, and writes only copies that differ. A write that
 //! restores a page's old bytes leaves it clean — correctly: the store already
 //! holds them. A modified page is taken for clean only on a 128-bit hash

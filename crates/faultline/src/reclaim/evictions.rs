@@ -41,9 +41,10 @@ use crate::region::{PageState, RegionInner};
 use crate::writeback;
 use std::sync::atomic::Ordering;
 
-/// The frame of `page` if the batch takes it: a parked 4 KiB page of pool
-/// 0 in a live region whose store is written to. Anything else is stepped
-/// alone (`reclaim/mod.rs: step`). The caller holds its fault lock.
+/// The frame of `page` if the hand evicts it here ([`evict_if_clean`],
+/// else the batch): a parked 4 KiB page of pool 0 in a live region whose
+/// store is written to. Anything else is stepped alone (`reclaim/mod.rs:
+/// step`). The caller holds its fault lock.
 pub(super) fn victim(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
     match r.state(page) {
         PageState::Parked(f)
@@ -61,8 +62,9 @@ pub(super) fn victim(core: &Core, r: &RegionInner, page: usize) -> Option<u32> {
 /// Evicts `page` of `r`, parked in frame `f` ([`victim`]), at once if it
 /// is clean: its fingerprint is there and its bytes still hash to it. Its
 /// frame goes on `evicted`; returns whether it went. A dirty page (or one
-/// without a fingerprint: dirty since its fill) is left for the batch. The
-/// caller holds its fault lock.
+/// without a fingerprint: dirty since its fill) is left for the batch,
+/// its fingerprint forgotten, so the batch's write-back does not hash it
+/// a second time to find what is known. The caller holds its fault lock.
 pub(super) fn evict_if_clean(
     core: &Core,
     r: &RegionInner,
@@ -76,6 +78,7 @@ pub(super) fn evict_if_clean(
     // whole in its slot.
     let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
     if !writeback::is_clean(r, page, bytes) {
+        r.forget_fingerprint(page);
         return false;
     }
     core.stats.clean_skipped.fetch_add(1, Ordering::Relaxed);

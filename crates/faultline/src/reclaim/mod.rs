@@ -11,8 +11,9 @@
 //! its frame freed. A page's frame is freed only after its data is safe in the store;
 //! if the write fails the page stays parked and the error is queued. Runs
 //! of consecutive pages are parked with one move and evicted with one store
-//! call (`runs.rs`); scattered parked pages are evicted 32 at a time, their
-//! writes in flight together (`evictions.rs`).
+//! call (`runs.rs`); a scattered parked page is evicted as soon as the hand
+//! finds it clean, and dirty ones 32 at a time, their writes in flight
+//! together (`evictions.rs`).
 //!
 //! Only pages in pool 0 (the budget) are reclaimed; pages migrated to
 //! another pool stay there until migrated back or unmapped.

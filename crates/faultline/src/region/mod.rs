@@ -307,6 +307,16 @@ impl RegionInner {
         }
     }
 
+    /// Forgets the fingerprint of `page`, which holds a frame and is known
+    /// to differ from the store's copy: it counts dirty until written back,
+    /// and its write-back needs no hash to tell. Caller holds the page's
+    /// lock.
+    pub(crate) fn forget_fingerprint(&self, page: usize) {
+        if let (Some(fps), Some(f)) = (&self.fps, frame_of(self.state(page))) {
+            fps.set(f, None);
+        }
+    }
+
     /// Sets the state of page `page`. Caller holds the page's fault lock.
     pub(crate) fn set_state(&self, page: usize, state: PageState) {
         let v = match state {
