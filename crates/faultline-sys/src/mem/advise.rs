@@ -6,9 +6,10 @@
 //!
 //! Invariants: every call first checks that the range lies inside the mapping
 //! and refuses it with `EINVAL` otherwise, so none of them can touch memory
-//! the mapping does not own. Each is one system call (on a kernel before
-//! `PIDFD_SELF_THREAD_GROUP`, a vector's discard also opens and closes a
-//! pidfd); no locks.
+//! the mapping does not own. Each is one system call, but for a vector's
+//! discard on a kernel before `PIDFD_SELF_THREAD` (which also opens and
+//! closes a pidfd, after one refused try) and its fallback range by range;
+//! no locks.
 
 use super::Mapping;
 use crate::{SysError, PAGE_SIZE};
@@ -186,12 +187,12 @@ impl Mapping {
     /// where a call per range flushes once each (measurements.md, "Does
     /// Linux batch the TLB flush"). Falls back to a call per range on a
     /// kernel without it (`ENOSYS`, `EINVAL`: before 5.10, or before
-    /// `MADV_DONTNEED` was accepted there). The process is named by the
-    /// kernel's `PIDFD_SELF_THREAD_GROUP` (Linux 6.15 and later: no
-    /// descriptor at all, and always the calling process, also in a child
-    /// of `fork()`); a kernel that does not know it refuses it with
-    /// `EBADF`, and from then on a pidfd is opened per call (one kept would
-    /// name the parent in a child of `fork()`).
+    /// `MADV_DONTNEED` was accepted there, `ESRCH`). The process is named
+    /// by the kernel's `PIDFD_SELF_THREAD` (Linux 6.15 and later: no
+    /// descriptor at all, and always the calling thread, whose memory is
+    /// the process's, also in a child of `fork()`); a kernel that does not
+    /// know it refuses it with `EBADF`, and from then on a pidfd is opened
+    /// per call (one kept would name the parent in a child of `fork()`).
     ///
     /// # Safety
     /// As [`Mapping::discard`], for every range.
@@ -235,89 +236,102 @@ impl Mapping {
         // SAFETY: `iov` describes ranges inside this mapping (checked by
         // the caller) and lives across the call; the caller guarantees no
         // reference observes their bytes.
-        let rc = unsafe { madvise_self(&iov) };
-        if rc == PIDFD_UNAVAILABLE {
+        let Some(advised) = (unsafe { madvise_self(&iov) }) else {
             return fallback();
-        }
-        if rc < 0 {
-            let e = SysError::last("process_madvise(MADV_DONTNEED)", addr, total);
-            if matches!(e.errno, libc::ENOSYS | libc::EINVAL | libc::EPERM) {
-                return fallback();
-            }
-            return Err(e);
-        }
-        if rc as usize != total {
+        };
+        match advised {
+            Ok(n) if n == total => Ok(()),
             // A partial advice: the rest one range at a time (DONTNEED of an
             // empty range is harmless, so ranges already done may repeat).
-            return fallback();
+            Ok(_) => fallback(),
+            Err(libc::ENOSYS | libc::EINVAL | libc::EPERM | libc::ESRCH) => fallback(),
+            Err(errno) => Err(SysError {
+                op: "process_madvise(MADV_DONTNEED)",
+                addr,
+                len: total,
+                errno,
+            }),
         }
-        Ok(())
     }
 }
 
-/// The kernel's name for the calling process in pidfd-taking calls
-/// (`PIDFD_SELF_THREAD_GROUP`, `include/uapi/linux/pidfd.h`, Linux 6.15;
-/// the C headers here are older).
-const PIDFD_SELF_THREAD_GROUP: libc::c_int = -10001;
+/// The kernel's name for the calling thread in pidfd-taking calls
+/// (`PIDFD_SELF_THREAD`, `linux/fcntl.h`, Linux 6.15; the C headers here
+/// are older). `process_madvise` acts on its memory, which is the
+/// process's; unlike the thread-group leader's name, it stays valid after
+/// the main thread has exited.
+const PIDFD_SELF_THREAD: libc::c_int = -10000;
 
-/// Set once a kernel refused [`PIDFD_SELF_THREAD_GROUP`] (`EBADF`: it
-/// predates the sentinel), so later calls open a pidfd at once. Relaxed: a
-/// hint; a call that misses it only tries the sentinel once more.
+/// Set once a kernel refused [`PIDFD_SELF_THREAD`] (`EBADF`: it predates
+/// the sentinel), so later calls open a pidfd at once. Relaxed: a hint; a
+/// call that misses it only tries the sentinel once more.
 static SELF_SENTINEL_REFUSED: AtomicBool = AtomicBool::new(false);
 
-/// `process_madvise(MADV_DONTNEED)` of `iov` in this process: through
-/// [`PIDFD_SELF_THREAD_GROUP`] unless a kernel refused it, else through a
-/// pidfd opened for the call ([`madvise_by_pidfd`]). Bytes advised, or -1
-/// with `errno` set, or [`PIDFD_UNAVAILABLE`].
+/// What `process_madvise` answered: bytes advised, or its `errno`.
+type Advised = Result<usize, i32>;
+
+/// `process_madvise(MADV_DONTNEED)` of `iov` in this process, naming it by
+/// [`PIDFD_SELF_THREAD`] unless a kernel refused that; `None` if it must
+/// be named by a pidfd and none can be opened (out of descriptors, or a
+/// seccomp filter).
 ///
 /// # Safety
 /// As [`process_madvise`], for this process.
-unsafe fn madvise_self(iov: &[libc::iovec]) -> libc::c_long {
-    if !SELF_SENTINEL_REFUSED.load(Ordering::Relaxed) {
-        // SAFETY: the caller's contract.
-        let rc = unsafe { process_madvise(PIDFD_SELF_THREAD_GROUP, iov) };
-        if rc >= 0 || crate::last_errno() != libc::EBADF {
-            return rc;
+unsafe fn madvise_self(iov: &[libc::iovec]) -> Option<Advised> {
+    // SAFETY: the caller's contract.
+    unsafe { madvise_naming_self(PIDFD_SELF_THREAD, &SELF_SENTINEL_REFUSED, iov) }
+}
+
+/// [`madvise_self`] with the sentinel `sentinel`, and `refused` to
+/// remember a kernel's refusal of it (`EBADF`): then, and from then on, a
+/// pidfd opened for the call ([`madvise_by_pidfd`]).
+///
+/// # Safety
+/// As [`process_madvise`], for this process.
+unsafe fn madvise_naming_self(
+    sentinel: libc::c_int,
+    refused: &AtomicBool,
+    iov: &[libc::iovec],
+) -> Option<Advised> {
+    if !refused.load(Ordering::Relaxed) {
+        // SAFETY: the caller's contract; `sentinel` names this process.
+        match unsafe { process_madvise(sentinel, iov) } {
+            Err(libc::EBADF) => refused.store(true, Ordering::Relaxed),
+            done => return Some(done),
         }
-        SELF_SENTINEL_REFUSED.store(true, Ordering::Relaxed);
     }
     // SAFETY: the caller's contract.
     unsafe { madvise_by_pidfd(iov) }
 }
 
 /// [`madvise_self`] through a pidfd of this process opened for the call
-/// (kernels before [`PIDFD_SELF_THREAD_GROUP`]); [`PIDFD_UNAVAILABLE`] if
-/// none can be opened.
+/// (kernels before [`PIDFD_SELF_THREAD`]); `None` if none can be opened.
 ///
 /// # Safety
 /// As [`process_madvise`], for this process.
-unsafe fn madvise_by_pidfd(iov: &[libc::iovec]) -> libc::c_long {
+unsafe fn madvise_by_pidfd(iov: &[libc::iovec]) -> Option<Advised> {
     // SAFETY: pidfd_open takes no pointers; the descriptor is owned (closed
     // on every path) by `OwnedFd`.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
     if raw < 0 {
-        return PIDFD_UNAVAILABLE;
+        return None;
     }
     // SAFETY: a descriptor the call above just opened, owned by nobody else.
     let pidfd =
         unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as i32) };
-    // SAFETY: the caller's contract; `pidfd` names this process.
-    unsafe { process_madvise(std::os::fd::AsRawFd::as_raw_fd(&pidfd), iov) }
+    // SAFETY: the caller's contract; `pidfd` names this process. The
+    // answer (and its errno) is taken before `pidfd` closes.
+    Some(unsafe { process_madvise(std::os::fd::AsRawFd::as_raw_fd(&pidfd), iov) })
 }
 
-/// [`madvise_by_pidfd`]'s answer when no pidfd could be opened (before
-/// Linux 5.3): the caller discards range by range.
-const PIDFD_UNAVAILABLE: libc::c_long = -2;
-
-/// `process_madvise(pidfd, iov, MADV_DONTNEED)`: bytes advised, or -1 with
-/// `errno` set.
+/// `process_madvise(pidfd, iov, MADV_DONTNEED)`, its `errno` read at once.
 ///
 /// # Safety
 /// `iov` describes ranges of the process `pidfd` names whose bytes no
 /// reference observes (they read back as zeros afterwards).
-unsafe fn process_madvise(pidfd: libc::c_int, iov: &[libc::iovec]) -> libc::c_long {
+unsafe fn process_madvise(pidfd: libc::c_int, iov: &[libc::iovec]) -> Advised {
     // SAFETY: the caller's contract; `iov` is valid for the call.
-    unsafe {
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_process_madvise,
             pidfd,
@@ -326,7 +340,11 @@ unsafe fn process_madvise(pidfd: libc::c_int, iov: &[libc::iovec]) -> libc::c_lo
             libc::MADV_DONTNEED,
             0u32,
         )
+    };
+    if rc < 0 {
+        return Err(crate::last_errno());
     }
+    Ok(rc as usize)
 }
 
 #[cfg(test)]
@@ -404,48 +422,68 @@ mod tests {
         assert_eq!(first, 1, "nothing dropped");
     }
 
-    /// Both ways of naming this process to `process_madvise` drop exactly
-    /// the pages given, and the sentinel works on this project's kernel
-    /// (6.18): a refusal would cost two more system calls per batch.
+    /// Each way of naming this process to `process_madvise` drops exactly
+    /// the pages given: the kernel's sentinel (on a kernel before 6.15 it
+    /// is refused, and the call goes through a pidfd, remembered), a name
+    /// no kernel knows (refused: through a pidfd, remembered), and a pidfd.
     #[test]
-    fn the_self_sentinel_and_a_pidfd_drop_the_same_pages() {
-        type Way = unsafe fn(&[libc::iovec]) -> libc::c_long;
-        let ways: [(&str, Way); 2] = [
-            ("sentinel", |iov| {
-                // SAFETY: as for `madvise_by_pidfd`, which the caller upholds.
-                unsafe { process_madvise(PIDFD_SELF_THREAD_GROUP, iov) }
-            }),
-            ("pidfd", madvise_by_pidfd),
-        ];
-        for (name, way) in ways {
+    fn every_way_of_naming_this_process_drops_the_same_pages() {
+        let sentinel_refused = AtomicBool::new(false);
+        let unknown_refused = AtomicBool::new(false);
+        for name in ["sentinel", "unknown name", "pidfd"] {
             let pages = 16;
             let m = Mapping::anonymous(pages * PAGE_SIZE, PAGE_SIZE).expect("mmap");
             for i in 0..pages {
                 // SAFETY: inside the mapping, which nothing else references.
                 unsafe { std::ptr::write_volatile((m.addr() + i * PAGE_SIZE) as *mut u8, 7) };
             }
-            let iov: Vec<libc::iovec> = [1, 4, 5, 11]
+            let dropped = [1, 4, 5, 11];
+            let iov: Vec<libc::iovec> = dropped
                 .iter()
                 .map(|&i| libc::iovec {
                     iov_base: (m.addr() + i * PAGE_SIZE) as *mut libc::c_void,
                     iov_len: PAGE_SIZE,
                 })
                 .collect();
-            // SAFETY: the ranges are inside the mapping; nothing references
-            // their bytes.
-            let rc = unsafe { way(&iov) };
-            assert_eq!(
-                rc,
-                (4 * PAGE_SIZE) as libc::c_long,
-                "{name}: errno {}",
-                crate::last_errno()
-            );
+            // SAFETY: the ranges are inside the test's own mapping, and
+            // nothing references their bytes.
+            let advised = unsafe {
+                match name {
+                    "sentinel" => madvise_naming_self(PIDFD_SELF_THREAD, &sentinel_refused, &iov),
+                    "unknown name" => madvise_naming_self(-10_999, &unknown_refused, &iov),
+                    _ => madvise_by_pidfd(&iov),
+                }
+            };
+            assert_eq!(advised, Some(Ok(4 * PAGE_SIZE)), "{name}");
             for i in 0..pages {
                 // SAFETY: as above.
                 let v = unsafe { std::ptr::read_volatile((m.addr() + i * PAGE_SIZE) as *const u8) };
-                let dropped = [1, 4, 5, 11].contains(&i);
-                assert_eq!(v, if dropped { 0 } else { 7 }, "{name}: page {i}");
+                let want = if dropped.contains(&i) { 0 } else { 7 };
+                assert_eq!(v, want, "{name}: page {i}");
             }
         }
+        assert!(
+            unknown_refused.load(Ordering::Relaxed),
+            "an unknown name is remembered as refused"
+        );
+        // This project's kernel (6.18) knows the sentinel: a refusal there
+        // would cost two more system calls per batch.
+        let knows = kernel_at_least(6, 15);
+        assert_eq!(
+            sentinel_refused.load(Ordering::Relaxed),
+            !knows,
+            "PIDFD_SELF_THREAD refused on a kernel that has it, or taken on one without"
+        );
+    }
+
+    /// Whether the running kernel's release is at least `major.minor`.
+    fn kernel_at_least(major: u32, minor: u32) -> bool {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+        let mut parts = release
+            .trim()
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (a, b) >= (major, minor)
     }
 }
