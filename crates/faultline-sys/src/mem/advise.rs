@@ -478,9 +478,8 @@ mod tests {
 
     /// Whether the running kernel's release is at least `major.minor`.
     fn kernel_at_least(major: u32, minor: u32) -> bool {
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+        let release = crate::host::kernel_release();
         let mut parts = release
-            .trim()
             .split(['.', '-'])
             .map(|p| p.parse::<u32>().unwrap_or(0));
         let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
