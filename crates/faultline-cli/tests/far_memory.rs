@@ -41,6 +41,23 @@ fn bench_far_memory_has_every_row() {
             );
         }
     }
+    // Misses per op: random reads over a set 4x the budget miss on most
+    // ops, and an op of one word misses at most once; a kernel row counts
+    // its major faults (swap-ins). Each row's cgroup peak is within its
+    // limit.
+    let limit_mib = v["config"]["memory_limit_bytes"].as_f64().expect("limit") / 1048576.0;
+    for row in rows.iter().filter(|r| r["system"] != "redis-raw") {
+        let misses = row["misses_per_op"].as_f64();
+        assert!(
+            misses.is_some_and(|m| (0.3..=1.0).contains(&m)),
+            "misses_per_op: {row}"
+        );
+        let peak = row["cgroup_peak_mib"].as_f64();
+        assert!(
+            peak.is_some_and(|p| p > 0.0 && p <= limit_mib + 0.01),
+            "cgroup_peak_mib, limit {limit_mib} MiB: {row}"
+        );
+    }
     // The swap rows ran, or say why not.
     let notes = v["notes"].to_string();
     for system in ["kernel-swap-zram", "kernel-swap-file"] {

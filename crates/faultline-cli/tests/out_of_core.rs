@@ -1,6 +1,6 @@
 //! `faultline bench out-of-core` runs end to end on one pattern: every row
-//! is there with a rate and the CPU it cost, within bounds a real run
-//! cannot fall outside. Needs root (userfaultfd, the memory cgroup,
+//! is there with a rate, the CPU it cost and its misses, within bounds a
+//! real run cannot fall outside. Needs root (userfaultfd, the memory cgroup,
 //! dropping the page cache); fails saying so. The device rows need a file
 //! system with `O_DIRECT` under the bench's directory; where it has none,
 //! the report says so in a note and the test checks the other rows.
@@ -39,6 +39,16 @@ fn bench_out_of_core_gives_every_row_its_rate_and_cpu() {
         // fault: tens of microseconds or more.)
         let cpu = row["cpu_us_per_op"].as_f64().unwrap_or(0.0);
         assert!((1.0..1e6).contains(&cpu), "CPU per op out of range: {row}");
+        // Reads of the device per op (faultline's fills from the file, the
+        // kernel's major faults): some, and at most one for an op that
+        // reads one word.
+        if row["system"] != "device" {
+            let misses = row["misses_per_op"].as_f64();
+            assert!(
+                misses.is_some_and(|m| m > 0.0 && m <= 1.0),
+                "misses_per_op out of range: {row}"
+            );
+        }
     }
     assert!(notes.contains("cpu_us_per_op"), "{notes}");
 }

@@ -367,6 +367,21 @@ pub fn thread_minor_faults() -> i64 {
     u.ru_minflt
 }
 
+/// Major page faults all threads of this process have taken so far
+/// (`getrusage(RUSAGE_SELF)`: faults that waited for a read — a page-cache
+/// miss of a file mapping, a swap-in from the device); `None` where it
+/// cannot be read. Benches take it before and after a timed run to count
+/// the kernel's misses.
+pub fn process_major_faults() -> Option<u64> {
+    // SAFETY: rusage is plain data; all-zero is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return None;
+    }
+    u64::try_from(u.ru_majflt).ok()
+}
+
 /// The online NUMA nodes (`/sys/devices/system/node/online`, e.g. `0-1`);
 /// `[0]` where the kernel has no NUMA support.
 pub fn numa_nodes() -> Vec<u32> {
@@ -506,6 +521,52 @@ mod tests {
         .expect("the burning thread");
         let used = process_cpu_time().expect("CLOCK_PROCESS_CPUTIME_ID") - before;
         assert!(used >= burn, "the process's CPU clock moved only {used:?}");
+    }
+
+    #[test]
+    fn major_faults_count_another_threads_read_of_a_dropped_page() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        // A file of this test's own, its page written, synced and dropped
+        // from the page cache: the first read of its mapping waits for
+        // the disk, a major fault, taken here by another thread.
+        let path = std::env::temp_dir().join(format!(
+            "faultline-sys-majflt-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        struct Remove(std::path::PathBuf);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let _remove = Remove(path.clone());
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("a file in the temp directory");
+        f.write_all(&[7u8; 4096]).expect("write");
+        f.sync_all().expect("fsync");
+        // SAFETY: plain call on an open descriptor.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 4096, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0, "posix_fadvise(DONTNEED)");
+        let m = crate::mem::Mapping::shared_file(&f, 4096).expect("mmap");
+        let before = process_major_faults().expect("getrusage");
+        let addr = m.addr();
+        // SAFETY: the mapping is 4096 readable bytes and outlives the thread.
+        let v = std::thread::spawn(move || unsafe { (addr as *const u8).read_volatile() })
+            .join()
+            .expect("the reading thread");
+        assert_eq!(v, 7);
+        let after = process_major_faults().expect("getrusage");
+        assert!(
+            after > before,
+            "no major fault counted ({before} -> {after}); a temp directory on tmpfs \
+             keeps the page in memory, set TMPDIR to a disk"
+        );
     }
 
     #[test]

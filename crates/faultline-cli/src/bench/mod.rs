@@ -248,21 +248,31 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// The clocks of a timed run, read at its start: wall time, and the
+/// The clocks of a timed run, read at its start: wall time, the
 /// process's CPU time (every thread, with the kernel's work in their
-/// system calls and faults). Read again at its end for a rate and the CPU
-/// per item done.
+/// system calls and faults) and its major faults. Read again at its end
+/// for a rate, the CPU per item done and the kernel's misses.
 pub struct RunClocks {
     at: std::time::Instant,
     cpu: Option<std::time::Duration>,
+    major_faults: Option<u64>,
 }
 
 impl RunClocks {
     pub fn start() -> RunClocks {
         RunClocks {
             cpu: faultline_sys::host::process_cpu_time(),
+            major_faults: faultline_sys::host::process_major_faults(),
             at: std::time::Instant::now(),
         }
+    }
+
+    /// The process's major faults since the start (every thread): the
+    /// kernel's misses, each a wait for the device. `None` if they could
+    /// not be counted.
+    pub fn major_faults(&self) -> Option<u64> {
+        let now = faultline_sys::host::process_major_faults()?;
+        Some(now.saturating_sub(self.major_faults?))
     }
 
     /// Seconds since the start.

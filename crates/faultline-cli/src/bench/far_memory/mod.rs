@@ -244,6 +244,7 @@ fn push(report: &mut Report, system: &str, pattern: &str, v: &serde_json::Value,
     report.rows.push(
         json!({"system": system, "pattern": pattern, "threads": THREADS,
         "ops_per_s": ops, "cpu_us_per_op": v["cpu_us_per_op"], "max_rss_mib": v["max_rss_mib"],
+        "misses_per_op": v["misses_per_op"], "cgroup_peak_mib": v["cgroup_peak_mib"],
         "fault_p50_us": if faultline { p50 } else { None },
         "fault_p99_us": if faultline { p99 } else { None },
         "vs_file": vs}),
@@ -256,6 +257,9 @@ fn push(report: &mut Report, system: &str, pattern: &str, v: &serde_json::Value,
         system.into(),
         pattern.into(),
         format!("{ops:.0}"),
+        v["misses_per_op"]
+            .as_f64()
+            .map_or_else(|| "-".into(), |m| format!("{m:.2}")),
         us(p50),
         us(p99),
         format!("{:.0}", v["max_rss_mib"].as_f64().unwrap_or(0.0)),
@@ -289,6 +293,7 @@ pub fn run(o: &FarOpts) -> anyhow::Result<Report> {
             "system",
             "pattern",
             "ops_per_s",
+            "misses_per_op",
             "fault_p50_us",
             "fault_p99_us",
             "max_rss_mib",
@@ -361,7 +366,9 @@ fn notes(s: &Setup, report: &mut Report) {
          faultline-redis-cluster waits for one replica per write-back (WAIT 1). faultline rows serve \
          faults with workers (the default), faultline-redis-in-thread in the faulting threads \
          (FaultMode::InThread). fault_p50/p99_us: \
-         faultline's fault service time. cpu_us_per_op (JSON, faultline and kernel-swap rows): the row's \
+         faultline's fault service time. misses_per_op: the pages each row waited for per op, over the \
+         timed ops (faultline: frames filled from its store; kernel: the process's major faults, swap-ins \
+         from the device): what a row's memory kept resident, the same cgroup limit for all. cpu_us_per_op (JSON, faultline and kernel-swap rows): the row's \
          CPU time per op over the timed ops, every thread of its process with the kernel's work in their \
          system calls and faults (kswapd and the zram compression it does are not in it). redis-raw: \
          GET and MGET from one client thread, and GET from as many client threads at once as the \

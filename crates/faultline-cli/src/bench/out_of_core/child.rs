@@ -5,7 +5,9 @@
 //! swaps (`anon`), or a faultline region over Redis (`redis`,
 //! `redis-cluster`: `--url`) — fills it first where it starts empty
 //! (untimed), runs the pattern, and prints one JSON line: ops/s, the CPU
-//! its process used per op over the timed ops (`cpu_us_per_op`), its peak
+//! its process used per op over the timed ops (`cpu_us_per_op`), its
+//! misses per op (`misses_per_op`: frames faultline filled from its store,
+//! or the kernel's major faults — reads it waited for), its peak
 //! RSS (`VmHWM`), after a pattern that writes to the file the time its
 //! dirty pages took to reach the disk (`flush_ms`: `msync`, or the region's
 //! `flush`), and for faultline its fault service time, its fault
@@ -114,6 +116,9 @@ struct Served {
     spare_serves: u64,
     /// The write-back after a pattern that writes ([`flush_ms`]).
     flush_ms: Option<f64>,
+    /// Misses during the timed ops: frames faultline filled from its
+    /// store; the kernel's major faults on its side.
+    misses: Option<u64>,
 }
 
 /// Times `flush` after a pattern that dirties pages (`None` for one that
@@ -156,6 +161,13 @@ pub(crate) struct Driven {
     /// `None` if the process's CPU clock could not be read or no op was
     /// done.
     pub cpu_us_per_op: Option<f64>,
+    /// Ops done.
+    pub ops: usize,
+    /// The process's major faults during the run (the kernel's misses:
+    /// reads of the device it waited for); `None` if not counted. Of no
+    /// use for a faultline region, whose faults the kernel counts as major
+    /// only in workers mode.
+    pub major_faults: Option<u64>,
 }
 
 /// Runs up to `ops` ops per thread on `[base, base + len)`, stopping early at
@@ -231,6 +243,8 @@ pub(crate) fn drive(
     Driven {
         ops_per_s: done as f64 / clocks.secs(),
         cpu_us_per_op: clocks.cpu_us_per(done as f64),
+        ops: done,
+        major_faults: clocks.major_faults(),
     }
 }
 
@@ -311,7 +325,9 @@ fn faultline_side(
     if set != Set::AsIs {
         fill(r.addr(), len);
     }
+    let fills_before = mm.stats().fills_store;
     let ops = drive(r.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
+    let misses = mm.stats().fills_store.saturating_sub(fills_before);
     let flush_ms = match set {
         Set::AsIs => flush_ms(&a.pattern, || Ok(r.flush()?))?,
         _ => None,
@@ -342,6 +358,7 @@ fn faultline_side(
             lock_wait_ms: locks.wait_ns as f64 / 1e6,
             spare_serves: st.spare_serves,
             flush_ms,
+            misses: Some(misses),
         },
     ))
 }
@@ -358,10 +375,12 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             // Anonymous memory: past the cgroup's limit the kernel swaps.
             let m = faultline_sys::mem::Mapping::anonymous(a.len, 4096)?;
             fill(m.addr(), a.len);
-            (
-                drive(m.addr(), a.len, &a.pattern, a.threads, a.ops, a.secs),
-                Served::default(),
-            )
+            let ops = drive(m.addr(), a.len, &a.pattern, a.threads, a.ops, a.secs);
+            let served = Served {
+                misses: ops.major_faults,
+                ..Served::default()
+            };
+            (ops, served)
         }
         "redis" => faultline_side(
             a,
@@ -416,7 +435,9 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             "reclaim_waits": served.reclaim_waits,
             "lock_contended_pct": served.lock_contended_pct,
             "lock_wait_ms": served.lock_wait_ms, "spare_serves": served.spare_serves,
-            "flush_ms": served.flush_ms, "poll_windows_pct": poll_windows_pct()})
+            "flush_ms": served.flush_ms, "poll_windows_pct": poll_windows_pct(),
+            "misses_per_op": served.misses.filter(|_| driven.ops > 0)
+                .map(|m| m as f64 / driven.ops as f64)})
     );
     Ok(())
 }
@@ -446,6 +467,7 @@ fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<(Driven, Served)> {
         ops,
         Served {
             flush_ms,
+            misses: ops.major_faults,
             ..Served::default()
         },
     ))

@@ -243,7 +243,7 @@ fn push_row(report: &mut Report, s: &Setup, pattern: &str, m: &Measured, k_none:
         "store_read_mean_us": c["store_read_mean_us"], "reclaim_waits": c["reclaim_waits"],
         "lock_contended_pct": c["lock_contended_pct"], "lock_wait_ms": c["lock_wait_ms"],
         "spare_serves": c["spare_serves"], "flush_ms": c["flush_ms"],
-        "poll_windows_pct": c["poll_windows_pct"]}),
+        "poll_windows_pct": c["poll_windows_pct"], "misses_per_op": c["misses_per_op"]}),
     );
     // Fault-lock acquisitions that found the lock held, and the time all
     // waited (faultline rows).
@@ -457,6 +457,8 @@ fn notes(s: &Setup, report: &mut Report) {
          fault_mean_us and store_read_p50_us / _p99_us / _mean_us (JSON, faultline rows): a fault's service \
          time beside the store's reads it waited for (one per fill from the store: a page or a run); \
          reclaim_waits: faults that found no frame after four reclaim passes and waited for one. \
+         misses_per_op (JSON): the reads of the device per op over the timed ops (faultline: frames filled from \
+         the file; kernel: the process's major faults). \
          flush_ms (write rows): after the timed ops, the time until every page they dirtied was on the disk \
          (kernel: msync MS_SYNC of the mapping; faultline: the region's flush, which also fsyncs the file); \
          not in ops_per_s. cpu_us_per_op: the run's CPU time per op, every thread of its process (the \
