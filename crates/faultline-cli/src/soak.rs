@@ -38,9 +38,10 @@ pub struct SoakOpts {
     /// Print one JSON row instead of text.
     #[arg(long)]
     pub json: bool,
-    /// How filled 4 KiB pages go into place: `copy` (the default) or
-    /// `move` (`Config::fill_model`).
-    #[arg(long, value_enum, default_value = "copy")]
+    /// How filled 4 KiB pages go into place (`Config::fill_model`):
+    /// `auto` (the default: `copy-protected` with workers, `copy`
+    /// in-thread), `copy`, `copy-protected` or `move`.
+    #[arg(long, value_enum, default_value = "auto")]
     pub fill_model: crate::bench::FillModelArg,
 }
 

@@ -4,7 +4,8 @@
 //! in; dead copies in pool slots dropped in batches), `FillModel::Move`,
 //! and `FillModel::CopyProtected` (pages read copied in write-protected,
 //! dropped clean in batches; a first write lifts the protection), the last
-//! with workers and in-thread faults. The stats tell which model ran.
+//! with workers and in-thread faults, and the default, `FillModel::Auto`
+//! (one of the two copies, by fault mode). The stats tell which model ran.
 //! Needs userfaultfd (root); fails with the reason otherwise.
 
 use faultline::store::{File, FileOptions};
@@ -97,7 +98,10 @@ fn run_with(mm: faultline::Manager, model: FillModel) {
             .collect()
     });
     let s = mm.stats();
-    match model {
+    // The model in effect (`Auto` resolved at build).
+    let in_effect = mm.config().fill_model;
+    assert_eq!(in_effect, model.under(mm.config().fault_mode));
+    match in_effect {
         FillModel::Copy => {
             assert!(s.copies > 0, "{model:?}: nothing copied in: {s}");
             assert!(s.stale_dropped > 0, "{model:?}: no dead copy dropped: {s}");
@@ -113,6 +117,7 @@ fn run_with(mm: faultline::Manager, model: FillModel) {
             );
         }
         FillModel::Move => assert_eq!(s.copies, 0, "{model:?}: {s}"),
+        FillModel::Auto => panic!("the manager's config says Auto, not the model in effect"),
     }
     assert!(s.evicted > 0, "{model:?}: the budget never filled: {s}");
     r.flush().expect("flush");
@@ -147,6 +152,14 @@ fn move_fill_keeps_every_word_through_reclaim_and_write_back() {
 #[test]
 fn protected_copy_keeps_every_word_through_clean_drops_and_write_back() {
     run(FillModel::CopyProtected);
+}
+
+/// The default model: protected copies with workers, plain copies
+/// in-thread (the stats check which ran).
+#[test]
+fn default_fill_keeps_every_word_with_workers_and_in_thread() {
+    run(FillModel::default());
+    run_in(FillModel::default(), FaultMode::InThread);
 }
 
 #[test]

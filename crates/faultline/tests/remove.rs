@@ -3,15 +3,28 @@
 //! to the pool at once, and the pages read what `Region::discard(..,
 //! Discard::KeepStore)` gives — the store's copy, zeros for the zero store —
 //! for whole 4 KiB and 2 MiB pages and for a part of a 2 MiB page. Checked
-//! on real faults against the file on disk. Needs userfaultfd with
+//! on real faults against the file on disk, under the copy fill model;
+//! and under the default model with workers, which hears no drops, that a
+//! dropped page still reads the same. Needs userfaultfd with
 //! `UFFDIO_MOVE` and `EVENT_REMOVE` (root); fails with the reason otherwise.
 
 mod common;
 
-use common::{byte, manager, set_byte, settled, ScratchDir, MIB};
+use common::{byte, set_byte, settled, ScratchDir, MIB};
 use faultline::store::{File, FileOptions, Zero};
-use faultline::{MapOptions, PageSize};
+use faultline::{FillModel, MapOptions, PageSize};
 use std::time::{Duration, Instant};
+
+/// A manager of `budget` bytes that hears the program's drops: the copy
+/// fill model (the default, `FillModel::Auto`, protects random misses
+/// with workers and so hears none: `Config::hears_removals`).
+fn manager(budget: usize) -> faultline::Manager {
+    let mut c = common::config(budget);
+    c.experiment.fault_locks = Some(4);
+    c.fill_model = FillModel::Copy;
+    assert!(c.hears_removals());
+    common::manager_with(c)
+}
 
 const PAGE: usize = 4096;
 const HUGE: usize = 2 * MIB;
@@ -173,6 +186,7 @@ fn a_2m_zero_page_dropped_in_part_keeps_the_rest() {
 fn with_removals_off_a_dropped_page_reads_zeros_when_touched_again() {
     let mm = common::manager_with({
         let mut c = common::config(8 * MIB);
+        c.fill_model = FillModel::Copy;
         c.program_removals = false;
         c
     });
@@ -202,7 +216,7 @@ fn with_removals_off_a_dropped_page_reads_zeros_when_touched_again() {
 /// move is done, the page is resident with a hole, and the dropped 4 KiB
 /// read the store's copy — never an error, a poisoned page or a SIGBUS
 /// (before: `UFFDIO_MOVE ... ENOENT`, the page poisoned).
-fn drops_racing_faults_on_2m_pages(mode: faultline::FaultMode) {
+fn drops_racing_faults_on_2m_pages(mode: faultline::FaultMode, model: FillModel) {
     const PAGES: usize = 4;
     let dir = ScratchDir::new("remove-race");
     let data: Vec<u8> = (0..PAGES * HUGE)
@@ -211,6 +225,7 @@ fn drops_racing_faults_on_2m_pages(mode: faultline::FaultMode) {
     let path = dir.file("data", &data);
     let mut c = common::config(32 * MIB);
     c.fault_mode = mode;
+    c.fill_model = model;
     let mm = common::manager_with(c);
     // Writable, but only read: nothing is written back.
     let store = File::open(&path, FileOptions::new().writable(true)).expect("open");
@@ -251,10 +266,54 @@ fn drops_racing_faults_on_2m_pages(mode: faultline::FaultMode) {
 
 #[test]
 fn drops_racing_faults_on_2m_pages_lose_nothing() {
-    drops_racing_faults_on_2m_pages(faultline::FaultMode::Workers);
+    drops_racing_faults_on_2m_pages(faultline::FaultMode::Workers, FillModel::Copy);
 }
 
 #[test]
 fn drops_racing_faults_on_2m_pages_lose_nothing_in_thread() {
-    drops_racing_faults_on_2m_pages(faultline::FaultMode::InThread);
+    drops_racing_faults_on_2m_pages(faultline::FaultMode::InThread, FillModel::Auto);
+}
+
+/// The default model with workers hears no drops: the race is the fault
+/// path's alone.
+#[test]
+fn drops_racing_faults_on_2m_pages_lose_nothing_unheard() {
+    drops_racing_faults_on_2m_pages(faultline::FaultMode::Workers, FillModel::Auto);
+}
+
+/// Under the default model with workers (protected copies: the program's
+/// drops are not heard) a dropped page of a file still reads the file's
+/// copy, its unsaved writes gone as `MADV_DONTNEED` asks; the frames come
+/// back when the pages are touched again, and the rest keep their writes
+/// through a flush.
+#[test]
+fn with_the_default_model_a_dropped_file_page_reads_the_file_again() {
+    let dir = ScratchDir::new("remove-default");
+    let mm = common::manager_with(common::config(8 * MIB));
+    assert_eq!(mm.config().fill_model, FillModel::CopyProtected);
+    assert!(!mm.config().hears_removals());
+    let (r, data, path) = common::written_file(&mm, &dir);
+    dontneed(r.addr() + 4 * PAGE, 4 * PAGE);
+    for p in 0..16 {
+        let want = if (4..8).contains(&p) {
+            data[p * PAGE]
+        } else {
+            0xee
+        };
+        assert_eq!(byte(&r, p * PAGE), want, "page {p}");
+    }
+    let st = settled(&mm);
+    assert_eq!(st.removed_by_program, 0, "{st}");
+    assert_eq!(st.refaulted_dropped, 4, "each dropped page gathered: {st}");
+    r.flush().expect("flush");
+    let disk = std::fs::read(&path).expect("read back");
+    for p in 0..16 {
+        let want = if (4..8).contains(&p) {
+            data[p * PAGE]
+        } else {
+            0xee
+        };
+        assert_eq!(disk[p * PAGE], want, "page {p} on disk");
+    }
+    assert!(mm.take_error().is_none());
 }

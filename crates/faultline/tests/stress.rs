@@ -22,8 +22,10 @@
 //! Every word written must read back, every word nobody wrote must read its
 //! initial value, and at the end every frame is back in the pool. Each runs
 //! twice: faults served by workers, and in the faulting threads (`_in_thread`).
-//! `FAULTLINE_STRESS_FILL` (`copy`, the default, or `move`) chooses the fill
-//! model of every manager (`Config::fill_model`); CI runs seeds in both.
+//! `FAULTLINE_STRESS_FILL` (`auto`, the default: `copy-protected` with
+//! workers and `copy` in-thread; or `copy`, `copy-protected`, `move`)
+//! chooses the fill model of every manager (`Config::fill_model`); CI runs
+//! seeds in each.
 
 use faultline::store::{FileOptions, Zero};
 use faultline::{FaultMode, FillModel, MapOptions, MigrateError, PageSize};
@@ -51,8 +53,11 @@ fn fill_model() -> FillModel {
     match std::env::var("FAULTLINE_STRESS_FILL").as_deref() {
         Ok("move") => FillModel::Move,
         Ok("copy-protected") => FillModel::CopyProtected,
-        Ok("copy") | Err(_) => FillModel::Copy,
-        Ok(other) => panic!("FAULTLINE_STRESS_FILL={other}: copy, copy-protected or move"),
+        Ok("copy") => FillModel::Copy,
+        Ok("auto") | Err(_) => FillModel::Auto,
+        Ok(other) => {
+            panic!("FAULTLINE_STRESS_FILL={other}: auto, copy, copy-protected or move")
+        }
     }
 }
 

@@ -72,8 +72,9 @@ pub struct BenchOpts {
     /// off: to measure its cost).
     #[arg(long)]
     pub no_removals: bool,
-    /// How filled 4 KiB pages go into place: `copy` (the default) or
-    /// `move` (`Config::fill_model`).
+    /// How filled 4 KiB pages go into place (`Config::fill_model`):
+    /// `auto` (the default: `copy-protected` with workers, `copy`
+    /// in-thread), `copy`, `copy-protected` or `move`.
     #[arg(long, value_enum)]
     pub fill_model: Option<FillModelArg>,
     /// Free memory, in % of the pool, below which the background
@@ -89,6 +90,8 @@ pub struct BenchOpts {
 /// `--fill-model`: [`faultline::FillModel`] on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FillModelArg {
+    /// `FillModel::Auto`: copy-protected with workers, copy in-thread.
+    Auto,
     /// `FillModel::Copy`.
     Copy,
     /// `FillModel::Move`.
@@ -100,6 +103,7 @@ pub enum FillModelArg {
 impl From<FillModelArg> for faultline::FillModel {
     fn from(a: FillModelArg) -> Self {
         match a {
+            FillModelArg::Auto => faultline::FillModel::Auto,
             FillModelArg::Copy => faultline::FillModel::Copy,
             FillModelArg::Move => faultline::FillModel::Move,
             FillModelArg::CopyProtected => faultline::FillModel::CopyProtected,

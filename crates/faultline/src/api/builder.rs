@@ -173,7 +173,9 @@ impl ManagerBuilder {
     /// [`BuildError::SigbusBlocked`] when the calling thread blocks SIGBUS
     /// and [`BuildError::SigbusTaken`] (see [`crate::in_thread_ready`]).
     pub fn build(self) -> Result<Manager, BuildError> {
-        let config = self.config;
+        let mut config = self.config;
+        // The manager's config says the model in effect, never `Auto`.
+        config.fill_model = config.fill_model.under(config.fault_mode);
         config.validate()?;
         if config.fault_mode == crate::config::FaultMode::InThread {
             // A thread that blocks SIGBUS would die of its first fault.

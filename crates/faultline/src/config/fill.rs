@@ -1,14 +1,26 @@
 //! How a filled 4 KiB page goes into its region ([`FillModel`],
-//! `Config::fill_model`): the models and what each costs; the rules are
-//! `pagemove/copy.rs` (copy), `fault/protect.rs` and `reclaim/drops.rs`
-//! (copy-protected). No state, no locks.
+//! `Config::fill_model`): the models and what each costs, and the default
+//! ([`FillModel::Auto`]: chosen by the fault mode, resolved when the
+//! manager is built); the rules are `pagemove/copy.rs` (copy),
+//! `fault/protect.rs` and `reclaim/drops.rs` (copy-protected). No state,
+//! no locks.
 
 #[cfg(doc)]
-use super::{Config, FaultMode};
+use super::Config;
+use super::FaultMode;
 
 /// How a filled 4 KiB page is put into a region (`Config::fill_model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub enum FillModel {
+    /// The default: [`FillModel::CopyProtected`] where workers serve the
+    /// faults ([`FaultMode::Workers`]), [`FillModel::Copy`] where the
+    /// faulting threads do ([`FaultMode::InThread`], where a protected page
+    /// would turn the kernel's own writes into it, a `read(2)`, into
+    /// `EFAULT`). Resolved when the manager is built: its
+    /// `config().fill_model` is the model in effect. Chosen by measurement:
+    /// docs/measurements.md §34.
+    #[default]
+    Auto,
     /// `UFFDIO_MOVE` of the frame: no copy, but clearing the frame's pool
     /// slot flushes the TLB of every CPU the program runs on.
     Move,
@@ -16,7 +28,6 @@ pub enum FillModel {
     /// slot's dead copy is dropped later with 63 others, one flush for all
     /// (`frame/stale.rs`). A 4 KiB miss under a full budget costs 1.0
     /// shootdowns instead of 1.9 (docs/measurements.md, "Fill by copy").
-    #[default]
     Copy,
     /// `Copy`, and a 4 KiB page read from its store for a read fault goes
     /// in write-protected (`UFFDIO_COPY_MODE_WP`): until its first write —
@@ -38,8 +49,43 @@ pub enum FillModel {
 }
 
 impl FillModel {
-    /// Whether filled 4 KiB pages go in by copy (`Copy`, `CopyProtected`).
+    /// The model in effect under fault mode `mode`: [`FillModel::Auto`]
+    /// resolved, any other model as it is.
+    pub fn under(self, mode: FaultMode) -> FillModel {
+        match (self, mode) {
+            (FillModel::Auto, FaultMode::Workers) => FillModel::CopyProtected,
+            (FillModel::Auto, FaultMode::InThread) => FillModel::Copy,
+            (model, _) => model,
+        }
+    }
+
+    /// Whether filled 4 KiB pages go in by copy (`Copy`, `CopyProtected`,
+    /// and `Auto`, which is one of the two).
     pub fn copies(self) -> bool {
-        matches!(self, FillModel::Copy | FillModel::CopyProtected)
+        matches!(
+            self,
+            FillModel::Auto | FillModel::Copy | FillModel::CopyProtected
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_protects_with_workers_and_copies_in_thread() {
+        assert_eq!(FillModel::default(), FillModel::Auto);
+        assert_eq!(
+            FillModel::Auto.under(FaultMode::Workers),
+            FillModel::CopyProtected
+        );
+        assert_eq!(FillModel::Auto.under(FaultMode::InThread), FillModel::Copy);
+        for m in [FillModel::Move, FillModel::Copy, FillModel::CopyProtected] {
+            for mode in [FaultMode::Workers, FaultMode::InThread] {
+                assert_eq!(m.under(mode), m, "an explicit model is kept");
+            }
+        }
+        assert!(FillModel::Auto.copies() && !FillModel::Move.copies());
     }
 }

@@ -150,8 +150,10 @@ pub struct Config {
     /// Who serves faults: workers (default) or the faulting thread itself.
     pub fault_mode: FaultMode,
     /// How a filled 4 KiB page goes into place: moved (its frame) or
-    /// copied (its bytes; units of up to 8 pages — longer runs move). 2 MiB
-    /// pages always move. Default `Copy`.
+    /// copied (its bytes; units of up to 8 pages — longer runs move), and
+    /// whether random misses go in write-protected. 2 MiB pages always
+    /// move. Default [`FillModel::Auto`]: `CopyProtected` with workers,
+    /// `Copy` in-thread (resolved at build).
     pub fill_model: FillModel,
     /// Hear the program's own `MADV_DONTNEED` / `MADV_FREE` on region memory
     /// (`UFFD_FEATURE_EVENT_REMOVE`) and give those pages' frames back at
@@ -250,10 +252,11 @@ impl Default for Config {
 
 impl Config {
     /// Whether the regions' userfaultfd reports the program's own drops:
-    /// [`Config::program_removals`], except under
-    /// [`FillModel::CopyProtected`] (see there).
+    /// [`Config::program_removals`], except where the fill model in effect
+    /// is [`FillModel::CopyProtected`] (see there) — which the default,
+    /// [`FillModel::Auto`], is with workers.
     pub fn hears_removals(&self) -> bool {
-        self.program_removals && self.fill_model != FillModel::CopyProtected
+        self.program_removals && self.fill_model.under(self.fault_mode) != FillModel::CopyProtected
     }
 
     /// One pool per online NUMA node, `bytes` each: pool 0 (the budget) on
@@ -474,6 +477,11 @@ mod tests {
     #[test]
     fn the_protected_copy_model_hears_no_removals() {
         let mut c = Config::default();
+        assert!(!c.hears_removals(), "the default protects with workers");
+        c.fault_mode = FaultMode::InThread;
+        assert!(c.hears_removals(), "the default copies in-thread");
+        c.fault_mode = FaultMode::Workers;
+        c.fill_model = FillModel::Copy;
         assert!(c.hears_removals());
         c.fill_model = FillModel::CopyProtected;
         assert!(!c.hears_removals(), "each clean drop would be an event");
