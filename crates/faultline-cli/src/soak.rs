@@ -197,8 +197,10 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
         r.flush().context("final flush")?;
         let st = mm.stats();
         drop(r);
-        st
+        // The model in effect (`auto` resolved at build).
+        (st, mm.config().fill_model)
     };
+    let (stats, model) = stats;
     let secs = t0.elapsed().as_secs_f64();
     // A fresh manager reads the file back: every page its last version.
     let mm = Manager::builder()
@@ -225,18 +227,22 @@ fn soak(o: &SoakOpts, budget: usize, path: &std::path::Path, pages: usize) -> an
                 "evicted": stats.evicted, "written_back": stats.written_back,
                 "read_aheads": stats.readaheads,
                 "flushes": flushes.load(Ordering::Relaxed), "pages_verified": pages,
-                "words_lost": 0,
+                "words_lost": 0, "fill_model": format!("{model:?}"),
+                "clean_dropped": stats.clean_dropped,
+                "protection_lifted": stats.protection_lifted,
             })
         );
     } else {
         println!(
-            "soak: {ops} page operations in {secs:.1} s ({:.0}/s) over {} MiB through a {} MiB budget, {} threads; \
-             {} evictions, {} pages written back, {} read-ahead runs, {} flushes; all {pages} pages verified after reopening: 0 words lost",
+            "soak: {ops} page operations in {secs:.1} s ({:.0}/s) over {} MiB through a {} MiB budget, {} threads, fill model {model:?}; \
+             {} evictions ({} clean protected pages dropped in batches, {} protections lifted by a write), {} pages written back, {} read-ahead runs, {} flushes; all {pages} pages verified after reopening: 0 words lost",
             ops as f64 / secs,
             (pages * PAGE) >> 20,
             o.budget_mib,
             o.threads,
             stats.evicted,
+            stats.clean_dropped,
+            stats.protection_lifted,
             stats.written_back,
             stats.readaheads,
             flushes.load(Ordering::Relaxed),

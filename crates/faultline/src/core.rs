@@ -131,6 +131,8 @@ pub(crate) struct Core {
     pub(crate) own_discards: OwnDiscards,
     /// Second looks of the program's removals (`drop_rechecks.rs`).
     pub(crate) drop_rechecks: DropRechecks,
+    /// When the next sweep for unheard drops may run (`reclaim/unheard.rs`).
+    pub(crate) sweeps: crate::drop_rechecks::Sweeps,
     /// Poisoned pages to give another try (`rereads.rs`).
     pub(crate) rereads: crate::rereads::Rereads,
     /// Fault addresses, when `config.experiment.trace_faults > 0`.
@@ -207,6 +209,7 @@ impl Core {
             nesting: Nesting::new(config.workers, config.spare_servers),
             own_discards: OwnDiscards::new(config.hears_removals()),
             drop_rechecks: DropRechecks::default(),
+            sweeps: crate::drop_rechecks::Sweeps::default(),
             rereads: crate::rereads::Rereads::default(),
             trace: Mutex::new(Vec::new()),
             hand: Mutex::new(Hand::default()),

@@ -1,14 +1,56 @@
 //! Second looks of the program's removals (`fault/program_drop.rs`): pages of a
 //! region that the handler of a `MADV_DONTNEED` found still mapped (the
 //! kernel zaps after the event is read, and with `MADV_FREE` not at all),
-//! to be looked at again until a deadline.
+//! to be looked at again until a deadline; and, where no removal is heard,
+//! when the next sweep for unheard drops may run ([`Sweeps`],
+//! `reclaim/unheard.rs`).
 //!
 //! Invariant: a look is queued at most until its deadline plus one turn of
-//! a worker. Locks: the queue's mutex (a leaf).
+//! a worker. Locks: the queue's mutex (a leaf); the sweeps' time is an
+//! atomic (Relaxed: a hint that publishes no data).
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The least time between two sweeps for unheard drops.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(50);
+
+/// When the next sweep for the program's unheard drops may start.
+#[derive(Debug)]
+pub(crate) struct Sweeps {
+    epoch: Instant,
+    /// Nanoseconds after `epoch` before which no sweep starts.
+    next_ns: AtomicU64,
+}
+
+impl Default for Sweeps {
+    fn default() -> Self {
+        Sweeps {
+            epoch: Instant::now(),
+            next_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Sweeps {
+    /// Whether a sweep may start now; if so, the next may not before
+    /// [`SWEEP_EVERY`] has passed (of callers racing, one wins).
+    pub(crate) fn claim(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let next = self.next_ns.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_ns
+                .compare_exchange(
+                    next,
+                    now + SWEEP_EVERY.as_nanos() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+}
 
 /// Pages of one region to look at again, not before `next`, until `until`;
 /// `[start, end)` is the removed range.
@@ -61,7 +103,15 @@ impl DropRechecks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[test]
+    fn one_sweep_per_period() {
+        let s = Sweeps::default();
+        assert!(s.claim(), "the first sweep may run");
+        assert!(!s.claim(), "not again within the period");
+        std::thread::sleep(SWEEP_EVERY + Duration::from_millis(5));
+        assert!(s.claim(), "again once the period has passed");
+    }
 
     #[test]
     fn a_look_is_taken_once_when_due() {

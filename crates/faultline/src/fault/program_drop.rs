@@ -14,7 +14,8 @@
 //!   emptied it — under its lock, no 4 KiB of it in the region: nothing of
 //!   the page is anywhere, so nothing the program wrote can be lost. Its
 //!   slot's holes get zeroed pages, the frame is freed, the page is absent
-//!   (its next touch reads the store's copy). A page still mapped when the
+//!   (its next touch reads the store's copy): `pagemove::give_back_emptied`,
+//!   which the sweep for drops nobody heard shares (`reclaim/unheard.rs`). A page still mapped when the
 //!   handler looks (the zap has not run yet) is looked at again by the
 //!   workers for up to [`PATIENCE`] ([`Retry`]); one still mapped then
 //!   (`MADV_FREE`: the program may have written it since) is left as it is.
@@ -35,10 +36,8 @@
 use crate::core::Core;
 use crate::drop_rechecks::Retry;
 use crate::error::FaultError;
-use crate::frame::{Frame, FrameAllocator};
-use crate::pagemove::{self, Holes};
+use crate::pagemove;
 use crate::region::{PageState, RegionInner};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// How long the workers look again at pages the kernel has not zapped yet.
@@ -117,7 +116,7 @@ fn try_page(core: &Core, r: &RegionInner, page: usize, start: usize, end: usize)
     }
     match pagemove::is_empty(core, addr, len) {
         Ok(true) => {
-            give_back(core, r, page, f);
+            pagemove::give_back_emptied(core, r, page, f);
             true
         }
         Ok(false) => false,
@@ -126,33 +125,4 @@ fn try_page(core: &Core, r: &RegionInner, page: usize, start: usize, end: usize)
             true
         }
     }
-}
-
-/// Gives back the frame `f` of resident `page`, which the kernel emptied:
-/// its slot's holes get zeroed pages (nothing of the page is anywhere), the
-/// frame is freed, the page is absent. Caller holds the page's lock.
-fn give_back(core: &Core, r: &RegionInner, page: usize, f: u32) {
-    let (addr, len) = (r.page_addr(page), r.page_size.bytes());
-    let slot = core.pool.slot_addr(f);
-    // SAFETY: the page is resident under its lock (caller) and its frame's
-    // slot is the frame's alone; the region range holds nothing (just
-    // checked under the lock), so the move has nothing to carry: it only
-    // makes sure, as for any gather, that no page of the frame is left
-    // behind. Nothing references either range.
-    let moved = unsafe { pagemove::move_range(core, slot, addr, len, Holes::Allow, false) };
-    let whole = moved
-        .map_err(|e| e.into_sys(addr, len))
-        .and_then(|()| pagemove::fill_holes(core, slot, len));
-    if let Err(source) = whole {
-        // The page stays resident: the fault path gathers it.
-        return core.record(FaultError::Move { addr, source });
-    }
-    let frame = Frame::from_parts(f, r.page_size.order());
-    core.pool.set_zeroed(&frame, false);
-    r.set_state(page, PageState::Absent);
-    let n = frame.pages();
-    core.alloc.free(frame);
-    core.stats
-        .removed_by_program
-        .fetch_add(n as u64, Ordering::Relaxed);
 }

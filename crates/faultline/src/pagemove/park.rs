@@ -79,6 +79,41 @@ pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, Sys
     core.pagemap.any_data(addr, addr + len).map(|any| !any)
 }
 
+/// Gives back the frame `f` of resident `page`, which the kernel emptied
+/// (the program dropped it: a removal event said so, or a sweep found its
+/// page-table entries empty, `reclaim/unheard.rs`): its slot's holes get
+/// zeroed pages (nothing of the page is anywhere), the frame is freed, the
+/// page is absent, counted in `removed_by_program`. Returns the 4 KiB
+/// frames given back (0 if a move failed: the page stays resident and the
+/// fault path gathers it). Caller holds the page's lock and saw
+/// [`is_empty`] under it.
+pub(crate) fn give_back_emptied(core: &Core, r: &RegionInner, page: usize, f: u32) -> usize {
+    let (addr, len) = (r.page_addr(page), r.page_size.bytes());
+    let slot = core.pool.slot_addr(f);
+    // SAFETY: the page is resident under its lock (caller) and its frame's
+    // slot is the frame's alone; the region range holds nothing (just
+    // checked under the lock), so the move has nothing to carry: it only
+    // makes sure, as for any gather, that no page of the frame is left
+    // behind. Nothing references either range.
+    let moved = unsafe { move_range(core, slot, addr, len, Holes::Allow, false) };
+    let whole = moved
+        .map_err(|e| e.into_sys(addr, len))
+        .and_then(|()| fill_holes(core, slot, len));
+    if let Err(source) = whole {
+        core.record(FaultError::Move { addr, source });
+        return 0;
+    }
+    let frame = Frame::from_parts(f, r.page_size.order());
+    core.pool.set_zeroed(&frame, false);
+    r.set_state(page, PageState::Absent);
+    let n = frame.pages();
+    core.alloc.free(frame);
+    core.stats
+        .removed_by_program
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    n
+}
+
 /// Gathers page `page` of `r`, recorded in frame slot `slot`, back into the
 /// slot: every 4 KiB page still in the region moves to the slot; slot pages
 /// that hold nothing — the program dropped them (`MADV_DONTNEED`) after they

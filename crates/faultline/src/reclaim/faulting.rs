@@ -1,5 +1,7 @@
 //! Reclaim for a fault that finds no free frame ([`alloc`]): the
-//! pre-zeroed reserve and idle memory first, then synchronous clock passes,
+//! pre-zeroed reserve and idle memory first, then synchronous clock passes
+//! (and, after one that freed nothing, a sweep for zero-store pages the
+//! program dropped unheard: `unheard.rs`),
 //! then a bounded wait, then frames withheld for faultline's own memory —
 //! refused (SIGBUS, cause queued, [`Shortage`] says which) only when
 //! nothing can free a frame: no reclaimable page holds one, no other
@@ -75,7 +77,12 @@ fn alloc_within(core: &Core, order: u8, held: Option<usize>) -> Result<Frame, Sh
     // resident.
     let want = (1usize << order).max(core.config.experiment.pcp_batch);
     for _ in 0..4 {
-        let freed = reclaim(core, want, held, || false);
+        let mut freed = reclaim(core, want, held, || false);
+        if freed == 0 {
+            // Before the fault may be refused: zero-store pages the
+            // program dropped unheard, whenever the last sweep was.
+            freed = super::unheard::sweep(core, want, super::unheard::When::Now);
+        }
         if let Some(f) = take_free(core, order) {
             return Ok(f);
         }

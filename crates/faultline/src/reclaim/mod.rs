@@ -66,6 +66,7 @@ mod evictions;
 mod faulting;
 mod hand;
 mod runs;
+mod unheard;
 
 /// Longest run of pages parked with one move, or written back with one
 /// store call: 1 MiB of 4 KiB pages, one vectored write to a file (a
@@ -287,7 +288,13 @@ pub(crate) fn reclaim(
     enough: impl Fn() -> bool,
 ) -> usize {
     let _passing = Passing::new(core);
-    hand::clock_pass(core, want, held, enough)
+    let freed = hand::clock_pass(core, want, held, &enough);
+    if freed >= want || enough() {
+        return freed;
+    }
+    // Zero-store pages the program dropped unheard hold frames the hand
+    // never walks (`unheard.rs`).
+    freed + unheard::sweep(core, want - freed, unheard::When::Due)
 }
 
 /// One page under the hand; the caller holds its fault lock. Returns pages
