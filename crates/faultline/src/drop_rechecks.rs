@@ -22,6 +22,8 @@ pub(crate) struct Sweeps {
     epoch: Instant,
     /// Nanoseconds after `epoch` before which no sweep starts.
     next_ns: AtomicU64,
+    /// Sweeps started so far.
+    started: AtomicU64,
 }
 
 impl Default for Sweeps {
@@ -29,17 +31,19 @@ impl Default for Sweeps {
         Sweeps {
             epoch: Instant::now(),
             next_ns: AtomicU64::new(0),
+            started: AtomicU64::new(0),
         }
     }
 }
 
 impl Sweeps {
-    /// Whether a sweep may start now; if so, the next may not before
-    /// [`SWEEP_EVERY`] has passed (of callers racing, one wins).
+    /// Whether a sweep may start now; if so, it counts as started and the
+    /// next may not start before [`SWEEP_EVERY`] has passed (of callers
+    /// racing, one wins).
     pub(crate) fn claim(&self) -> bool {
         let now = self.epoch.elapsed().as_nanos() as u64;
         let next = self.next_ns.load(Ordering::Relaxed);
-        now >= next
+        let won = now >= next
             && self
                 .next_ns
                 .compare_exchange(
@@ -48,7 +52,23 @@ impl Sweeps {
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 )
-                .is_ok()
+                .is_ok();
+        if won {
+            self.started.fetch_add(1, Ordering::Relaxed);
+        }
+        won
+    }
+
+    /// Counts a sweep that starts whatever [`Sweeps::claim`] says (one a
+    /// fault runs before it may be refused).
+    pub(crate) fn start_anyway(&self) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sweeps started so far: a caller that saw it change since it last
+    /// looked knows a sweep ran in between.
+    pub(crate) fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
     }
 }
 
@@ -109,8 +129,12 @@ mod tests {
         let s = Sweeps::default();
         assert!(s.claim(), "the first sweep may run");
         assert!(!s.claim(), "not again within the period");
+        assert_eq!(s.started(), 1, "a refused claim starts nothing");
+        s.start_anyway();
+        assert_eq!(s.started(), 2);
         std::thread::sleep(SWEEP_EVERY + Duration::from_millis(5));
         assert!(s.claim(), "again once the period has passed");
+        assert_eq!(s.started(), 3);
     }
 
     #[test]

@@ -14,9 +14,9 @@
 //!   emptied it — under its lock, no 4 KiB of it in the region: nothing of
 //!   the page is anywhere, so nothing the program wrote can be lost. Its
 //!   slot's holes get zeroed pages, the frame is freed, the page is absent
-//!   (its next touch reads the store's copy): `pagemove::give_back_emptied`,
-//!   which the sweep for drops nobody heard shares (`reclaim/unheard.rs`). A page still mapped when the
-//!   handler looks (the zap has not run yet) is looked at again by the
+//!   (its next touch reads the store's copy): `pagemove::give_back_if_emptied`,
+//!   which the sweep for drops nobody heard shares (`reclaim/unheard.rs`).
+//!   A page still mapped when the handler looks (the zap has not run yet) is looked at again by the
 //!   workers for up to [`PATIENCE`] ([`Retry`]); one still mapped then
 //!   (`MADV_FREE`: the program may have written it since) is left as it is.
 //! - anything else is left to the fault path as before: a *parked* page
@@ -35,9 +35,8 @@
 
 use crate::core::Core;
 use crate::drop_rechecks::Retry;
-use crate::error::FaultError;
-use crate::pagemove;
-use crate::region::{PageState, RegionInner};
+use crate::pagemove::{self, Emptied};
+use crate::region::RegionInner;
 use std::time::{Duration, Instant};
 
 /// How long the workers look again at pages the kernel has not zapped yet.
@@ -108,21 +107,5 @@ fn try_page(core: &Core, r: &RegionInner, page: usize, start: usize, end: usize)
     }
     let (domain, key) = r.lock_key(page);
     let _g = core.locks.lock(domain, key);
-    let PageState::Resident(f) = r.state(page) else {
-        return true;
-    };
-    if r.dying() {
-        return true;
-    }
-    match pagemove::is_empty(core, addr, len) {
-        Ok(true) => {
-            pagemove::give_back_emptied(core, r, page, f);
-            true
-        }
-        Ok(false) => false,
-        Err(source) => {
-            core.record(FaultError::Move { addr, source });
-            true
-        }
-    }
+    pagemove::give_back_if_emptied(core, r, page) != Emptied::HoldsData
 }

@@ -79,16 +79,44 @@ pub(crate) fn is_empty(core: &Core, addr: usize, len: usize) -> Result<bool, Sys
     core.pagemap.any_data(addr, addr + len).map(|any| !any)
 }
 
-/// Gives back the frame `f` of resident `page`, which the kernel emptied
-/// (the program dropped it: a removal event said so, or a sweep found its
-/// page-table entries empty, `reclaim/unheard.rs`): its slot's holes get
-/// zeroed pages (nothing of the page is anywhere), the frame is freed, the
-/// page is absent, counted in `removed_by_program`. Returns the 4 KiB
-/// frames given back (0 if a move failed: the page stays resident and the
-/// fault path gathers it). Caller holds the page's lock and saw
-/// [`is_empty`] under it.
-pub(crate) fn give_back_emptied(core: &Core, r: &RegionInner, page: usize, f: u32) -> usize {
+/// What [`give_back_if_emptied`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Emptied {
+    /// The page was resident and the kernel held nothing of it: its frame
+    /// went back (the 4 KiB frames given back; 0 if a move failed — the
+    /// failure is recorded, the page stays resident and the fault path
+    /// gathers it).
+    GaveBack(usize),
+    /// The page holds data in the region: nothing changed.
+    HoldsData,
+    /// Nothing to do: the page is not resident, its region is dying, or
+    /// its page tables could not be read (recorded).
+    Nothing,
+}
+
+/// Gives back the frame of `page` if it is resident and the kernel holds
+/// nothing of it (the program dropped it: a removal event said so, or a
+/// sweep found its page-table entries empty, `reclaim/unheard.rs`): its
+/// slot's holes get zeroed pages (nothing of the page is anywhere), the
+/// frame is freed, the page is absent, counted in `removed_by_program`.
+/// The caller holds the page's lock, so the checks and the give-back see
+/// one state.
+pub(crate) fn give_back_if_emptied(core: &Core, r: &RegionInner, page: usize) -> Emptied {
+    let PageState::Resident(f) = r.state(page) else {
+        return Emptied::Nothing;
+    };
+    if r.dying() {
+        return Emptied::Nothing;
+    }
     let (addr, len) = (r.page_addr(page), r.page_size.bytes());
+    match is_empty(core, addr, len) {
+        Ok(true) => {}
+        Ok(false) => return Emptied::HoldsData,
+        Err(source) => {
+            core.record(FaultError::Move { addr, source });
+            return Emptied::Nothing;
+        }
+    }
     let slot = core.pool.slot_addr(f);
     // SAFETY: the page is resident under its lock (caller) and its frame's
     // slot is the frame's alone; the region range holds nothing (just
@@ -101,7 +129,7 @@ pub(crate) fn give_back_emptied(core: &Core, r: &RegionInner, page: usize, f: u3
         .and_then(|()| fill_holes(core, slot, len));
     if let Err(source) = whole {
         core.record(FaultError::Move { addr, source });
-        return 0;
+        return Emptied::GaveBack(0);
     }
     let frame = Frame::from_parts(f, r.page_size.order());
     core.pool.set_zeroed(&frame, false);
@@ -111,7 +139,7 @@ pub(crate) fn give_back_emptied(core: &Core, r: &RegionInner, page: usize, f: u3
     core.stats
         .removed_by_program
         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-    n
+    Emptied::GaveBack(n)
 }
 
 /// Gathers page `page` of `r`, recorded in frame slot `slot`, back into the

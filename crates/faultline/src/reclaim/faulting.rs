@@ -1,7 +1,8 @@
 //! Reclaim for a fault that finds no free frame ([`alloc`]): the
 //! pre-zeroed reserve and idle memory first, then synchronous clock passes
 //! (and, after one that freed nothing, a sweep for zero-store pages the
-//! program dropped unheard: `unheard.rs`),
+//! program dropped unheard, unless one ran since the fault began looking:
+//! `unheard.rs`),
 //! then a bounded wait, then frames withheld for faultline's own memory —
 //! refused (SIGBUS, cause queued, [`Shortage`] says which) only when
 //! nothing can free a frame: no reclaimable page holds one, no other
@@ -76,11 +77,15 @@ fn alloc_within(core: &Core, order: u8, held: Option<usize>) -> Result<Frame, Sh
     // previous one, so a few passes free memory even when every page is
     // resident.
     let want = (1usize << order).max(core.config.experiment.pcp_batch);
+    let sweeps_before = core.sweeps.started();
     for _ in 0..4 {
         let mut freed = reclaim(core, want, held, || false);
-        if freed == 0 {
+        if freed == 0 && core.sweeps.started() == sweeps_before {
             // Before the fault may be refused: zero-store pages the
-            // program dropped unheard, whenever the last sweep was.
+            // program dropped unheard, whenever the last sweep was — once,
+            // and not if a sweep ran since this fault began (its own pass's,
+            // or another thread's: the wait below sweeps again as they
+            // fall due).
             freed = super::unheard::sweep(core, want, super::unheard::When::Now);
         }
         if let Some(f) = take_free(core, order) {

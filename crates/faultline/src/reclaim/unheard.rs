@@ -12,7 +12,7 @@
 //! looks for resident pages of zero-store regions with nothing in the page
 //! tables ([`faultline_sys::mem::PageMap::has_data`]: not mapped, not in
 //! swap, not migrating) and gives their frames back as the removal event's
-//! handler does (`fault/program_drop.rs: try_page`: under the page's lock,
+//! handler does (`pagemove::give_back_if_emptied`: under the page's lock,
 //! checked again there; the page reads zeros when next touched).
 //!
 //! A sweep runs at most once per `drop_rechecks::SWEEP_EVERY` (50 ms): a
@@ -23,7 +23,8 @@
 //! holds the lock of the page it faults on: such a page is skipped).
 
 use crate::core::Core;
-use crate::region::{PageState, RegionInner};
+use crate::pagemove::{self, Emptied};
+use crate::region::RegionInner;
 use faultline_sys::PAGE_SIZE;
 
 /// 4 KiB pages whose page-table entries one read covers.
@@ -35,8 +36,8 @@ pub(super) enum When {
     /// Unless one ran within `SWEEP_EVERY` (a reclaim pass that fell
     /// short).
     Due,
-    /// Now (a fault that found no frame after a pass, before it would be
-    /// refused).
+    /// Now (a fault that found no frame after a pass and saw no sweep
+    /// since it began looking, before it would be refused).
     Now,
 }
 
@@ -49,8 +50,11 @@ pub(super) fn sweep(core: &Core, want: usize, when: When) -> usize {
     if want == 0 || core.config.hears_removals() {
         return 0;
     }
-    if !core.sweeps.claim() && when == When::Due {
-        return 0;
+    if !core.sweeps.claim() {
+        if when == When::Due {
+            return 0;
+        }
+        core.sweeps.start_anyway();
     }
     let snap = core.table.snapshot();
     let mut freed = 0;
@@ -97,19 +101,8 @@ fn give_back_unheard(core: &Core, r: &RegionInner, page: usize) -> usize {
     let Some(_guard) = core.locks.try_lock(domain, key) else {
         return 0;
     };
-    let PageState::Resident(f) = r.state(page) else {
-        return 0;
-    };
-    if r.dying() {
-        return 0;
-    }
-    let (addr, len) = (r.page_addr(page), r.page_size.bytes());
-    match crate::pagemove::is_empty(core, addr, len) {
-        Ok(true) => crate::pagemove::give_back_emptied(core, r, page, f),
-        Ok(false) => 0,
-        Err(source) => {
-            core.record(crate::error::FaultError::Move { addr, source });
-            0
-        }
+    match pagemove::give_back_if_emptied(core, r, page) {
+        Emptied::GaveBack(n) => n,
+        Emptied::HoldsData | Emptied::Nothing => 0,
     }
 }
