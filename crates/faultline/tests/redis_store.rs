@@ -304,3 +304,225 @@ fn dirty_pages_stay_until_the_server_returns() {
         );
     }
 }
+
+/// A page's bytes: every byte says which page it is.
+fn page_bytes(p: u64) -> Vec<u8> {
+    (0..PAGE as u64)
+        .map(|i| (p.wrapping_mul(31) ^ i.wrapping_mul(7)) as u8)
+        .collect()
+}
+
+#[test]
+fn runs_read_exact_bytes_across_windows_holes_and_wrong_values() {
+    use faultline::store::Store;
+    let s = server();
+    // A 4-page window: a 10-page run crosses three windows (three MGETs).
+    let opts = RedisOptions::new("runs")
+        .window(4)
+        .retry_for(Duration::from_secs(5))
+        .timeout(Duration::from_millis(500));
+    let st = Redis::connect(&s.url(), opts).expect("connect");
+    let mut c = s.connection().expect("connection");
+    let key = |p: u64| format!("{{runs:{}}}:{p}", p / 4);
+    // Pages 2..12 present but 5 and 9 (no key: zeros).
+    for p in (2..12u64).filter(|p| *p != 5 && *p != 9) {
+        let _: () = redis::cmd("SET")
+            .arg(key(p))
+            .arg(page_bytes(p))
+            .query(&mut c)
+            .expect("SET");
+    }
+    let mut buf = vec![0xAAu8; 10 * PAGE];
+    st.read_pages(2, PAGE, &mut buf).expect("a run of pages");
+    for (i, got) in buf.chunks(PAGE).enumerate() {
+        let p = 2 + i as u64;
+        if p == 5 || p == 9 {
+            assert!(got.iter().all(|&b| b == 0), "page {p}: no key reads zeros");
+        } else {
+            assert!(got == page_bytes(p).as_slice(), "page {p}'s bytes");
+        }
+    }
+    // One page (GET), present and absent.
+    let mut one = vec![0xAAu8; PAGE];
+    st.read(7, &mut one).expect("one page");
+    assert!(one == page_bytes(7));
+    st.read(9, &mut one).expect("a page with no key");
+    assert!(one.iter().all(|&b| b == 0));
+
+    // A value of another size is an error naming the page, alone and
+    // inside a run, and never data; the store goes on reading after it.
+    let _: () = redis::cmd("SET")
+        .arg(key(20))
+        .arg(&b"short"[..])
+        .query(&mut c)
+        .expect("SET");
+    let t = Instant::now();
+    let err = st.read(20, &mut one).expect_err("a 5-byte page");
+    assert!(err.to_string().contains("page 20 holds 5 bytes"), "{err}");
+    let mut run = vec![0u8; 4 * PAGE];
+    let err = st
+        .read_pages(20, PAGE, &mut run)
+        .expect_err("a run with it");
+    assert!(err.to_string().contains("page 20 holds 5 bytes"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "a wrong value is not retried: {:?}",
+        t.elapsed()
+    );
+    st.read(7, &mut one).expect("the next read");
+    assert!(one == page_bytes(7), "the reply after an error is in step");
+
+    // A key holding another type: the server's error, not zeros.
+    let _: () = redis::cmd("RPUSH")
+        .arg(key(30))
+        .arg("x")
+        .query(&mut c)
+        .expect("RPUSH");
+    let t = Instant::now();
+    let err = st.read(30, &mut one).expect_err("a list is not a page");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "WRONGTYPE is not retried: {:?}",
+        t.elapsed()
+    );
+    st.read(7, &mut one).expect("the next read");
+    assert!(one == page_bytes(7));
+}
+
+#[test]
+fn a_password_and_a_database_reach_the_same_pages() {
+    let s = server();
+    let mut c = s.connection().expect("connection");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query(&mut c)
+        .expect("CONFIG SET requirepass");
+    let url = format!("redis://:s3cret@127.0.0.1:{}/3", s.port());
+    let opts = RedisOptions::new("authdb").timeout(Duration::from_millis(500));
+    let mm = manager(4 * MIB);
+    let pages = 8 * MIB / PAGE; // 2x the budget
+    let r = mm
+        .map(
+            pages * PAGE,
+            Redis::connect(&url, opts).expect("connect with the password"),
+            MapOptions::new(),
+        )
+        .expect("map");
+    // More than the budget: pages leave for db 3 and come back from it.
+    for p in 0..pages {
+        put(&r, p, word(p, 5));
+    }
+    for p in 0..pages {
+        assert_eq!(get(&r, p), word(p, 5), "page {p}");
+    }
+    assert!(mm.stats().fills_store > 0, "pages came back from Redis");
+    r.flush().expect("flush");
+    // The pages are in database 3, none in 0.
+    let mut admin = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_connection()
+        .expect("connection to db 3");
+    let n: u64 = redis::cmd("DBSIZE").query(&mut admin).expect("DBSIZE");
+    assert_eq!(n, pages as u64);
+    let _: () = redis::cmd("SELECT")
+        .arg(0)
+        .query(&mut admin)
+        .expect("SELECT");
+    let n: u64 = redis::cmd("DBSIZE").query(&mut admin).expect("DBSIZE");
+    assert_eq!(n, 0);
+    // A wrong password is refused at connect, saying so.
+    let bad = format!("redis://:nope@127.0.0.1:{}/3", s.port());
+    let err = Redis::connect(&bad, RedisOptions::new("authdb").retry_for(Duration::ZERO))
+        .expect_err("a wrong password");
+    let text = err.to_string().to_lowercase();
+    assert!(text.contains("auth") || text.contains("password"), "{text}");
+}
+
+/// Threads each own a block of a region 4x the budget and, op after op,
+/// write a page's word, read one back against their oracle, or scan a run
+/// of their pages (read-ahead: `MGET`s); then the region is flushed and a
+/// second region on the same keys reads every word back. Both fault modes.
+fn random_ops_keep_every_word(mode: faultline::FaultMode) {
+    const PAGES: usize = 4096; // 16 MiB
+    const THREADS: usize = 4;
+    let s = server();
+    let mut c = config(4 * MIB);
+    c.fault_mode = mode;
+    let mm = manager_with(c);
+    let prefix = format!("ops{mode:?}");
+    let r = mm
+        .map(
+            PAGES * PAGE,
+            store(&s, &prefix, Duration::from_secs(5)),
+            MapOptions::new(),
+        )
+        .expect("map");
+    let block = PAGES / THREADS;
+    let oracles: Vec<Vec<u64>> = std::thread::scope(|t| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|me| {
+                let r = &r;
+                t.spawn(move || {
+                    let mut next = common::rng(11 + me as u64);
+                    let mut last = vec![0u64; block];
+                    let deadline = Instant::now() + Duration::from_secs(3);
+                    let mut round = 0u64;
+                    while Instant::now() < deadline {
+                        round += 1;
+                        let i = next() as usize % block;
+                        let p = me * block + i;
+                        match next() % 8 {
+                            0..=3 => {
+                                put(r, p, word(p, round));
+                                last[i] = word(p, round);
+                            }
+                            4..=6 => assert_eq!(get(r, p), last[i], "page {p}"),
+                            _ => {
+                                let end = (i + 64).min(block);
+                                for (j, &w) in last.iter().enumerate().take(end).skip(i) {
+                                    let q = me * block + j;
+                                    assert_eq!(get(r, q), w, "page {q}");
+                                }
+                            }
+                        }
+                    }
+                    last
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a thread's words"))
+            .collect()
+    });
+    let st = mm.stats();
+    assert!(st.fills_store > 1000 && st.written_back > 1000, "{st}");
+    r.flush().expect("flush");
+    drop(r);
+    let again = mm
+        .map(
+            PAGES * PAGE,
+            store(&s, &prefix, Duration::from_secs(5)),
+            MapOptions::new(),
+        )
+        .expect("map again");
+    for (me, last) in oracles.iter().enumerate() {
+        for (i, &w) in last.iter().enumerate() {
+            let p = me * block + i;
+            assert_eq!(get(&again, p), w, "page {p} read back");
+        }
+    }
+}
+
+#[test]
+fn random_ops_over_redis_keep_every_word_with_workers() {
+    random_ops_keep_every_word(faultline::FaultMode::Workers);
+}
+
+#[test]
+fn random_ops_over_redis_keep_every_word_in_thread() {
+    random_ops_keep_every_word(faultline::FaultMode::InThread);
+}

@@ -1,14 +1,18 @@
 //! The two ways to reach Redis: one server ([`Server`]) or a cluster
-//! ([`Cluster`]). A backend opens connections with response timeouts set
-//! and reads every node's `maxmemory-policy`. No locks.
+//! ([`Cluster`]). A backend opens connections with response timeouts set,
+//! reads pages into frames (a server: its own connection for that,
+//! `page_reader.rs`; a cluster: `MGET` through the `redis` crate's cluster
+//! routing) and reads every node's `maxmemory-policy`. No locks.
 
 use ::redis::cluster::{ClusterClient, ClusterConnection};
 use ::redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use ::redis::{ConnectionLike, RedisResult, Value};
+use ::redis::{ErrorKind, RedisError, RedisResult, Value};
 use std::time::Duration;
 
+use super::page_reader::{wrong_size, PageReader};
+use super::RedisOptions;
 use crate::store::StoreError;
 
 mod sealed {
@@ -35,9 +39,18 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// A new connection, timeouts set.
     #[doc(hidden)]
     fn connect(&self) -> RedisResult<Self::Conn>;
-    /// The connection as the `redis` crate's command target.
+    /// Reads pages `[first, first + n)` (`n = buf.len() / page_size`,
+    /// inside one window: one hash slot) into `buf`, `page_size` bytes
+    /// each, in one round trip; a key that does not exist reads as zeros,
+    /// a value of another size is an `UnexpectedReturnType` error.
     #[doc(hidden)]
-    fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike;
+    fn read_pages(
+        c: &mut Self::Conn,
+        opts: &RedisOptions,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+    ) -> RedisResult<()>;
     /// Sends `cmd` (a write to keys of one hash slot, `key` one of them),
     /// then `WAIT replicas timeout_ms` on the connection that carried it if
     /// `replicas > 0`: the replicas that acknowledged (`replicas` when 0).
@@ -91,6 +104,13 @@ pub struct Server {
     timeout: Duration,
 }
 
+/// A connection to one server: the `redis` crate's for writes and
+/// queries, and a [`PageReader`] of its own for reads.
+pub struct ServerConn {
+    commands: ::redis::Connection,
+    pages: PageReader,
+}
+
 impl Server {
     pub(super) fn new(url: &str, timeout: Duration) -> Result<Server, StoreError> {
         let client = ::redis::Client::open(url).map_err(|e| bad_url(e, url))?;
@@ -101,20 +121,27 @@ impl Server {
 impl sealed::Sealed for Server {}
 
 impl Backend for Server {
-    type Conn = ::redis::Connection;
+    type Conn = ServerConn;
     const NAME: &'static str = "redis";
     const DEFAULT_REPLICAS: usize = 0;
     const ANY_SLOTS: bool = true;
 
     fn connect(&self) -> RedisResult<Self::Conn> {
-        let c = self.client.get_connection_with_timeout(self.timeout)?;
-        c.set_read_timeout(Some(self.timeout))?;
-        c.set_write_timeout(Some(self.timeout))?;
-        Ok(c)
+        let commands = self.client.get_connection_with_timeout(self.timeout)?;
+        commands.set_read_timeout(Some(self.timeout))?;
+        commands.set_write_timeout(Some(self.timeout))?;
+        let pages = PageReader::connect(self.client.get_connection_info(), self.timeout)?;
+        Ok(ServerConn { commands, pages })
     }
 
-    fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike {
-        c
+    fn read_pages(
+        c: &mut Self::Conn,
+        opts: &RedisOptions,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+    ) -> RedisResult<()> {
+        c.pages.read_pages(opts, first, page_size, buf)
     }
 
     /// The write and its `WAIT` pipelined: one round trip.
@@ -125,6 +152,7 @@ impl Backend for Server {
         replicas: usize,
         timeout_ms: u64,
     ) -> RedisResult<usize> {
+        let c = &mut c.commands;
         if replicas == 0 {
             cmd.exec(c)?;
             return Ok(0);
@@ -137,7 +165,7 @@ impl Backend for Server {
     }
 
     fn eviction_policies(&self, c: &mut Self::Conn) -> RedisResult<Vec<String>> {
-        let v: Value = config_get_policy().query(c)?;
+        let v: Value = config_get_policy().query(&mut c.commands)?;
         let mut out = Vec::new();
         strings(&v, &mut out);
         Ok(out)
@@ -180,8 +208,30 @@ impl Backend for Cluster {
         self.client.get_connection()
     }
 
-    fn like(c: &mut Self::Conn) -> &mut dyn ConnectionLike {
-        c
+    fn read_pages(
+        c: &mut Self::Conn,
+        opts: &RedisOptions,
+        first: u64,
+        page_size: usize,
+        buf: &mut [u8],
+    ) -> RedisResult<()> {
+        let n = buf.len() / page_size;
+        let keys: Vec<String> = (first..first + n as u64).map(|p| opts.key(p)).collect();
+        let values: Vec<Option<Vec<u8>>> = ::redis::cmd("MGET").arg(&keys).query(c)?;
+        if values.len() != n {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "MGET returned the wrong number of values",
+            )));
+        }
+        for ((page, value), dst) in (first..).zip(values).zip(buf.chunks_mut(page_size)) {
+            match value {
+                None => crate::memops::clear(dst),
+                Some(v) if v.len() == dst.len() => dst.copy_from_slice(&v),
+                Some(v) => return Err(wrong_size(page, v.len() as i64, dst.len())),
+            }
+        }
+        Ok(())
     }
 
     /// A cluster connection has no pipelines: the write (routed by its

@@ -1,6 +1,8 @@
 //! Far memory: pages kept in Redis ([`Redis`], one server) or spread over a
 //! Redis Cluster ([`RedisCluster`]), one key per page under the region's
-//! key prefix, through the `redis` crate's synchronous API.
+//! key prefix, through the `redis` crate's synchronous API — except a
+//! server's page reads, which a connection of their own reads straight
+//! into the frames (`page_reader.rs`).
 //!
 //! Keys: page `p` of a region with prefix `P` is `{P:w}:p`, `w = p /
 //! window` (decimal). The braces are a cluster hash tag: all pages of one
@@ -14,7 +16,8 @@
 //!
 //! Invariants (what makes the store safe to page to):
 //! - A key that does not exist reads as a page of zeros (a fresh region).
-//!   A value of any other length than the page is an error, never data.
+//!   A value of any other length than the page, or a key of another type
+//!   (`WRONGTYPE`), is an error that is not retried, never data.
 //! - A write-back run or batch is one `MSET` with its `WAIT` on a server
 //!   (one round trip, pipelined), one per window on a cluster (two round
 //!   trips each: see `backend.rs`), at most 64 pages a command.
@@ -39,6 +42,7 @@
 //! connection (never across a command).
 
 mod backend;
+mod page_reader;
 
 pub use backend::{Backend, Cluster, Server};
 
@@ -99,6 +103,13 @@ impl RedisOptions {
 
     fn key(&self, page: u64) -> String {
         format!("{{{}:{}}}:{page}", self.prefix, page / self.window)
+    }
+
+    /// Appends [`RedisOptions::key`]'s bytes to `out`.
+    fn write_key(&self, page: u64, out: &mut Vec<u8>) {
+        use std::io::Write;
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, "{{{}:{}}}:{page}", self.prefix, page / self.window);
     }
 }
 
@@ -192,7 +203,7 @@ impl From<::redis::RedisError> for Failure {
                 | ::redis::ErrorKind::InvalidClientConfig
                 | ::redis::ErrorKind::Client
                 | ::redis::ErrorKind::AuthenticationFailed
-        );
+        ) && error.code() != Some("WRONGTYPE");
         Failure { error, retry }
     }
 }
@@ -279,58 +290,6 @@ impl<B: Backend> RedisStore<B> {
         }
     }
 
-    /// Copies a `GET`/`MGET` reply into `buf`: nil is a zero page.
-    fn copy_in(page: u64, value: Option<Vec<u8>>, buf: &mut [u8]) -> Result<(), Failure> {
-        match value {
-            None => crate::memops::clear(buf),
-            Some(v) if v.len() == buf.len() => buf.copy_from_slice(&v),
-            Some(v) => {
-                return Err(Failure {
-                    error: ::redis::RedisError::from((
-                        ::redis::ErrorKind::UnexpectedReturnType,
-                        "page of the wrong size",
-                        format!(
-                            "key for page {page} holds {} bytes, not {}",
-                            v.len(),
-                            buf.len()
-                        ),
-                    )),
-                    retry: false,
-                })
-            }
-        }
-        Ok(())
-    }
-
-    /// `MGET` of pages `[first, first + n)` (inside one window) into `buf`.
-    fn mget(
-        &self,
-        c: &mut B::Conn,
-        first: u64,
-        page_size: usize,
-        buf: &mut [u8],
-    ) -> Result<(), Failure> {
-        let n = buf.len() / page_size;
-        let keys: Vec<String> = (first..first + n as u64)
-            .map(|p| self.opts.key(p))
-            .collect();
-        let values: Vec<Option<Vec<u8>>> = ::redis::cmd("MGET").arg(&keys).query(B::like(c))?;
-        if values.len() != n {
-            return Err(Failure::from(::redis::RedisError::from((
-                ::redis::ErrorKind::UnexpectedReturnType,
-                "MGET returned the wrong number of values",
-            ))));
-        }
-        for (i, (v, chunk)) in values
-            .into_iter()
-            .zip(buf.chunks_mut(page_size))
-            .enumerate()
-        {
-            Self::copy_in(first + i as u64, v, chunk)?;
-        }
-        Ok(())
-    }
-
     /// Sends `cmd` (a write to keys of one window: one hash slot; `key`
     /// one of them) and, if the options ask for replicas, waits for them
     /// (`WAIT`, on the connection that carried `cmd`: see `Backend::write`).
@@ -366,7 +325,9 @@ impl<B: Backend> Store for RedisStore<B> {
         let mut page = first;
         for chunk in split_at_windows(first, buf.len() / page_size, window) {
             let bytes = &mut buf[((page - first) as usize) * page_size..][..chunk * page_size];
-            self.call("read", page, |_, c| self.mget(c, page, page_size, bytes))?;
+            self.call("read", page, |_, c| {
+                Ok(B::read_pages(c, &self.opts, page, page_size, bytes)?)
+            })?;
             page += chunk as u64;
         }
         Ok(())
@@ -445,6 +406,9 @@ mod tests {
         assert_eq!(o.key(0), "{r1:0}:0");
         assert_eq!(o.key(3), "{r1:0}:3");
         assert_eq!(o.key(4), "{r1:1}:4");
+        let mut out = b"x".to_vec();
+        o.write_key(4, &mut out);
+        assert_eq!(out, b"x{r1:1}:4");
     }
 
     #[test]
