@@ -74,6 +74,8 @@ pub struct PageReader {
     stream: Stream,
     /// The request being sent.
     request: Vec<u8>,
+    /// A key being encoded.
+    key: Vec<u8>,
     /// Reply bytes read and not parsed yet: `input[start..end]`.
     input: Box<[u8]>,
     start: usize,
@@ -157,6 +159,7 @@ impl PageReader {
         let mut r = PageReader {
             stream,
             request: Vec::with_capacity(256),
+            key: Vec::with_capacity(64),
             input: vec![0u8; INPUT].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -218,11 +221,10 @@ impl PageReader {
         } else {
             let _ = write!(self.request, "*{}\r\n$4\r\nMGET\r\n", n + 1);
         }
-        let mut key = Vec::with_capacity(64);
         for p in first..first + n as u64 {
-            key.clear();
-            opts.write_key(p, &mut key);
-            push_arg(&mut self.request, &key);
+            self.key.clear();
+            opts.write_key(p, &mut self.key);
+            push_arg(&mut self.request, &self.key);
         }
         self.stream.write_all(&self.request)?;
         if n > 1 {
@@ -393,6 +395,7 @@ mod tests {
         PageReader {
             stream: Stream::Unix(s),
             request: Vec::new(),
+            key: Vec::new(),
             input: vec![0u8; INPUT].into_boxed_slice(),
             start: 0,
             end: 0,
