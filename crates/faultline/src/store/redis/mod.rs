@@ -16,8 +16,11 @@
 //!
 //! Invariants (what makes the store safe to page to):
 //! - A key that does not exist reads as a page of zeros (a fresh region).
-//!   A value of any other length than the page, or a key of another type
-//!   (`WRONGTYPE`), is an error that is not retried, never data.
+//!   A value of any other length than the page is an error that is not
+//!   retried, never data. The keys under a region's prefix are its own: a
+//!   key of another type put there by someone else is an error read
+//!   alone (`GET`: `WRONGTYPE`, not retried), but inside a run `MGET`
+//!   answers null for it, which reads as zeros.
 //! - A write-back run or batch is one `MSET` with its `WAIT` on a server
 //!   (one round trip, pipelined), one per window on a cluster (two round
 //!   trips each: see `backend.rs`), at most 64 pages a command.

@@ -166,23 +166,52 @@ impl PageReader {
         };
         let settings = info.redis_settings();
         if let Some(password) = settings.password() {
-            let mut args: Vec<&[u8]> = vec![b"AUTH"];
-            if let Some(user) = settings.username() {
-                args.push(user.as_bytes());
-            }
-            args.push(password.as_bytes());
-            r.simple_command(&args).map_err(|e| {
+            r.authenticate(settings.username(), password)?;
+        }
+        if settings.db() != 0 {
+            r.simple_command(&[b"SELECT", settings.db().to_string().as_bytes()])?;
+        }
+        if r.start != r.end {
+            return Err(protocol(
+                "bytes after the connection's set-up replies",
+                format!("{} bytes", r.end - r.start),
+            ));
+        }
+        Ok(r)
+    }
+
+    /// `AUTH [username] password`, as the `redis` crate does it: a server
+    /// that refuses the form with a username (before Redis 6) is asked
+    /// again without it. Only the server's refusal is an authentication
+    /// failure (not retried); a failing socket stays an I/O error.
+    fn authenticate(&mut self, username: Option<&str>, password: &str) -> RedisResult<()> {
+        let refused = |e: RedisError| {
+            if e.code().is_some() {
                 RedisError::from((
                     ErrorKind::AuthenticationFailed,
                     "AUTH refused",
                     e.to_string(),
                 ))
-            })?;
+            } else {
+                e
+            }
+        };
+        let Some(user) = username else {
+            return self
+                .simple_command(&[b"AUTH", password.as_bytes()])
+                .map_err(refused);
+        };
+        match self.simple_command(&[b"AUTH", user.as_bytes(), password.as_bytes()]) {
+            Err(e)
+                if e.code().is_some()
+                    && e.to_string()
+                        .contains("wrong number of arguments for 'auth' command") =>
+            {
+                self.simple_command(&[b"AUTH", password.as_bytes()])
+                    .map_err(refused)
+            }
+            other => other.map_err(refused),
         }
-        if settings.db() != 0 {
-            r.simple_command(&[b"SELECT", settings.db().to_string().as_bytes()])?;
-        }
-        Ok(r)
     }
 
     /// Sends a command whose reply is a status (`+OK`), and checks it.
@@ -215,6 +244,10 @@ impl PageReader {
         buf: &mut [u8],
     ) -> RedisResult<()> {
         let n = buf.len() / page_size;
+        if n == 0 {
+            return Ok(());
+        }
+        debug_assert_eq!(buf.len() % page_size, 0, "whole pages");
         self.request.clear();
         if n == 1 {
             self.request.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
@@ -309,7 +342,14 @@ impl PageReader {
             self.input.copy_within(self.start..self.end, 0);
             (self.start, self.end) = (0, self.end - self.start);
         }
-        let n = self.stream.read(&mut self.input[self.end..])?;
+        let n = loop {
+            match self.stream.read(&mut self.input[self.end..]) {
+                // A signal before anything arrived (a read with a timeout
+                // is not restarted): read again.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
         if n == 0 {
             return Err(closed());
         }
@@ -328,13 +368,14 @@ impl PageReader {
                 .position(|&b| b == b'\n')
             {
                 let nl = scanned + at;
-                if nl - self.start > LINE_MAX {
+                if nl - self.start >= LINE_MAX {
                     return Err(protocol(
                         "a reply line too long",
                         format!("over {LINE_MAX} bytes"),
                     ));
                 }
-                if nl == self.start || self.input[nl - 1] != b'\r' {
+                // At least a type byte, then CR before the LF.
+                if nl < self.start + 2 || self.input[nl - 1] != b'\r' {
                     return Err(protocol("a reply line without CRLF", String::new()));
                 }
                 let kind = self.input[self.start];
@@ -402,24 +443,50 @@ mod tests {
         }
     }
 
-    /// Runs `read_pages(first, n pages)` against a peer that checks the
-    /// request and answers `reply`, `chunk` bytes a write.
-    fn exchange(first: u64, n: usize, reply: Vec<u8>, chunk: usize) -> RedisResult<Vec<u8>> {
+    /// Writes of a whole reply before the request is read: the reader
+    /// finds it all there at once (its input fills to the end).
+    const EARLY: usize = usize::MAX;
+
+    /// A reader whose peer answers each request it reads with the next
+    /// of `replies`, `chunk` bytes a write ([`EARLY`]: the first reply
+    /// whole, before its request); the peer returns the requests.
+    fn serve(
+        mut replies: Vec<Vec<u8>>,
+        chunk: usize,
+    ) -> (PageReader, std::thread::JoinHandle<Vec<Vec<u8>>>) {
         let (a, mut b) = UnixStream::pair().expect("socketpair");
+        if chunk == EARLY {
+            b.write_all(&replies[0]).expect("reply");
+            replies[0].clear();
+        }
         let peer = std::thread::spawn(move || {
-            let mut req = vec![0u8; 4096];
-            let got = b.read(&mut req).expect("request");
-            for piece in reply.chunks(chunk.max(1)) {
-                b.write_all(piece).expect("reply");
+            let mut requests = Vec::new();
+            for reply in replies {
+                let mut req = vec![0u8; 1 << 20];
+                let got = b.read(&mut req).expect("request");
+                req.truncate(got);
+                requests.push(req);
+                for piece in reply.chunks(chunk.max(1)) {
+                    if b.write_all(piece).is_err() {
+                        break;
+                    }
+                }
             }
-            req.truncate(got);
-            req
+            requests
         });
-        let mut r = reader(a);
+        (reader(a), peer)
+    }
+
+    /// Runs `read_pages(first, n pages of PS)` against a peer that answers
+    /// `reply`, `chunk` bytes a write, and checks the request (for pages 7
+    /// and 8).
+    fn exchange(first: u64, n: usize, reply: Vec<u8>, chunk: usize) -> RedisResult<Vec<u8>> {
+        let (mut r, peer) = serve(vec![reply], chunk);
         let opts = RedisOptions::new("t").window(256);
         let mut buf = vec![0xAAu8; n * PS];
         let got = r.read_pages(&opts, first, PS, &mut buf).map(|()| buf);
-        let req = peer.join().expect("peer");
+        drop(r);
+        let req = peer.join().expect("peer").remove(0);
         let want: &[u8] = if n == 1 {
             b"*2\r\n$3\r\nGET\r\n$7\r\n{t:0}:7\r\n"
         } else {
@@ -442,6 +509,88 @@ mod tests {
             let got = exchange(7, 1, bulk(5, PS), chunk).expect("one page");
             assert!(got.iter().all(|&b| b == 5), "split {chunk}");
         }
+    }
+
+    #[test]
+    fn a_null_reads_zeros_alone_and_in_resp3_form() {
+        for null in [&b"$-1\r\n"[..], b"_\r\n"] {
+            let got = exchange(7, 1, null.to_vec(), 1).expect("a null");
+            assert!(got.iter().all(|&b| b == 0));
+        }
+    }
+
+    #[test]
+    fn a_long_run_of_small_replies_reads_across_refills() {
+        // 4,000 replies of 5 or 14 bytes: about 45 KiB through a 16 KiB
+        // input. Found there whole (`EARLY`), its 16,384th byte is inside
+        // a header and its 32,768th inside a null: each line straddles the
+        // input's end, and its start moves to the front.
+        const N: usize = 4000;
+        const SMALL: usize = 8;
+        for chunk in [1, 7, 4096, EARLY] {
+            let mut reply = format!("*{N}\r\n").into_bytes();
+            for i in 0..N {
+                if i % 4 == 0 {
+                    reply.extend_from_slice(b"$-1\r\n");
+                } else {
+                    reply.extend_from_slice(format!("${SMALL}\r\n").as_bytes());
+                    reply.extend_from_slice(&(i as u64).to_le_bytes());
+                    reply.extend_from_slice(b"\r\n");
+                }
+            }
+            let (mut r, peer) = serve(vec![reply], chunk);
+            let opts = RedisOptions::new("t").window(1 << 20);
+            let mut buf = vec![0xAAu8; N * SMALL];
+            r.read_pages(&opts, 0, SMALL, &mut buf).expect("the run");
+            drop(r);
+            let req = peer.join().expect("peer").remove(0);
+            assert!(req.starts_with(format!("*{}\r\n$4\r\nMGET\r\n", N + 1).as_bytes()));
+            for (i, page) in buf.chunks(SMALL).enumerate() {
+                let want = if i % 4 == 0 { 0 } else { i as u64 };
+                let got = u64::from_le_bytes(page.try_into().expect("8 bytes"));
+                assert_eq!(got, want, "page {i}, writes of {chunk}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_page_later_in_a_run_fails_the_run() {
+        let mut reply = b"*2\r\n".to_vec();
+        reply.extend(bulk(3, PS));
+        reply.extend(bulk(3, PS + 1));
+        let err = exchange(7, 2, reply, 4096).expect_err("page 8 too long");
+        assert!(err.to_string().contains("page 8 holds 65 bytes"), "{err}");
+        let mut reply = b"*2\r\n".to_vec();
+        reply.extend(bulk(3, PS));
+        reply.extend_from_slice(b"-ERR later\r\n");
+        let err = exchange(7, 2, reply, 3).expect_err("an error for page 8");
+        assert!(err.to_string().contains("later"), "{err}");
+    }
+
+    #[test]
+    fn auth_asks_again_without_a_username_only_where_refused_for_it() {
+        let (mut r, peer) = serve(
+            vec![
+                b"-ERR wrong number of arguments for 'auth' command\r\n".to_vec(),
+                b"+OK\r\n".to_vec(),
+            ],
+            4096,
+        );
+        r.authenticate(Some("u"), "p").expect("the second form");
+        drop(r);
+        let reqs = peer.join().expect("peer");
+        assert_eq!(reqs[0], b"*3\r\n$4\r\nAUTH\r\n$1\r\nu\r\n$1\r\np\r\n");
+        assert_eq!(reqs[1], b"*2\r\n$4\r\nAUTH\r\n$1\r\np\r\n");
+
+        let (mut r, _peer) = serve(vec![b"-WRONGPASS invalid password\r\n".to_vec()], 4096);
+        let err = r.authenticate(None, "p").expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::AuthenticationFailed, "{err}");
+
+        // A socket that fails during AUTH is an I/O error, which the
+        // store retries, not a refusal.
+        let (mut r, _peer) = serve(vec![Vec::new()], 4096);
+        let err = r.authenticate(None, "p").expect_err("closed");
+        assert_eq!(err.kind(), ErrorKind::Io, "{err}");
     }
 
     #[test]
@@ -481,6 +630,8 @@ mod tests {
                 "after the reply",
             ),
             (b"$64\r\nshort".to_vec(), "closed"),
+            (b"\r\n".to_vec(), "without CRLF"),
+            (b"\n".to_vec(), "without CRLF"),
         ];
         for (reply, says) in cases {
             let shown = String::from_utf8_lossy(&reply).into_owned();
