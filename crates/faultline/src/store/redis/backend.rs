@@ -12,6 +12,7 @@ use ::redis::{ErrorKind, RedisError, RedisResult, Value};
 use std::time::Duration;
 
 use super::page_reader::{wrong_size, PageReader};
+use super::slots::{Routed, Slots};
 use super::RedisOptions;
 use crate::store::StoreError;
 
@@ -180,18 +181,42 @@ impl Backend for Server {
 pub struct Cluster {
     client: ClusterClient,
     nodes: Vec<String>,
+    /// The first node's settings (credentials), for the page readers
+    /// (boxed: a store's size stays that of the crate's client).
+    template: Box<::redis::ConnectionInfo>,
+    timeout: Duration,
+}
+
+/// A connection to a cluster: the `redis` crate's, for writes, queries
+/// and reads the slot map cannot route, and a page reader per master.
+pub struct ClusterConn {
+    commands: ClusterConnection,
+    pages: Slots,
 }
 
 impl Cluster {
     pub(super) fn new(nodes: &[&str], timeout: Duration) -> Result<Cluster, StoreError> {
+        let joined = nodes.join(",");
         let client = ClusterClient::builder(nodes.iter().copied())
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .build()
-            .map_err(|e| bad_url(e, &nodes.join(",")))?;
+            .map_err(|e| bad_url(e, &joined))?;
+        let first = nodes.first().ok_or_else(|| StoreError::Refused {
+            store: "redis-cluster",
+            reason: "no node to connect to".into(),
+        })?;
+        let template = Box::new(
+            ::redis::Client::open(*first)
+                .map_err(|e| bad_url(e, first))?
+                .get_connection_info()
+                .clone(),
+        );
         Ok(Cluster {
             client,
             nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            template,
+            timeout,
         })
     }
 }
@@ -199,15 +224,20 @@ impl Cluster {
 impl sealed::Sealed for Cluster {}
 
 impl Backend for Cluster {
-    type Conn = ClusterConnection;
+    type Conn = ClusterConn;
     const NAME: &'static str = "redis-cluster";
     const DEFAULT_REPLICAS: usize = 1;
     const ANY_SLOTS: bool = false;
 
     fn connect(&self) -> RedisResult<Self::Conn> {
-        self.client.get_connection()
+        let mut commands = self.client.get_connection()?;
+        let pages = Slots::new((*self.template).clone(), self.timeout, &mut commands)?;
+        Ok(ClusterConn { commands, pages })
     }
 
+    /// From the slot's master through its page reader; through the
+    /// crate's cluster connection (which follows `MOVED` and `ASK`) when
+    /// the master answers that it does not serve the slot.
     fn read_pages(
         c: &mut Self::Conn,
         opts: &RedisOptions,
@@ -215,23 +245,13 @@ impl Backend for Cluster {
         page_size: usize,
         buf: &mut [u8],
     ) -> RedisResult<()> {
-        let n = buf.len() / page_size;
-        let keys: Vec<String> = (first..first + n as u64).map(|p| opts.key(p)).collect();
-        let values: Vec<Option<Vec<u8>>> = ::redis::cmd("MGET").arg(&keys).query(c)?;
-        if values.len() != n {
-            return Err(RedisError::from((
-                ErrorKind::UnexpectedReturnType,
-                "MGET returned the wrong number of values",
-            )));
+        match c
+            .pages
+            .read_pages(&mut c.commands, opts, first, page_size, buf)?
+        {
+            Routed::Read => Ok(()),
+            Routed::Redirected => mget_routed(&mut c.commands, opts, first, page_size, buf),
         }
-        for ((page, value), dst) in (first..).zip(values).zip(buf.chunks_mut(page_size)) {
-            match value {
-                None => crate::memops::clear(dst),
-                Some(v) if v.len() == dst.len() => dst.copy_from_slice(&v),
-                Some(v) => return Err(wrong_size(page, v.len() as i64, dst.len())),
-            }
-        }
-        Ok(())
     }
 
     /// A cluster connection has no pipelines: the write (routed by its
@@ -244,6 +264,7 @@ impl Backend for Cluster {
         replicas: usize,
         timeout_ms: u64,
     ) -> RedisResult<usize> {
+        let c = &mut c.commands;
         cmd.exec(c)?;
         if replicas == 0 {
             return Ok(0);
@@ -260,7 +281,7 @@ impl Backend for Cluster {
 
     fn eviction_policies(&self, c: &mut Self::Conn) -> RedisResult<Vec<String>> {
         let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
-        let v = c.route_command(&config_get_policy(), routing)?;
+        let v = c.commands.route_command(&config_get_policy(), routing)?;
         let mut out = Vec::new();
         strings(&v, &mut out);
         Ok(out)
@@ -269,4 +290,32 @@ impl Backend for Cluster {
     fn describe(&self) -> String {
         format!("redis cluster {}", self.nodes.join(","))
     }
+}
+
+/// `MGET` of pages `[first, first + n)` (one slot) through the cluster
+/// connection, into `buf`.
+fn mget_routed(
+    c: &mut ClusterConnection,
+    opts: &RedisOptions,
+    first: u64,
+    page_size: usize,
+    buf: &mut [u8],
+) -> RedisResult<()> {
+    let n = buf.len() / page_size;
+    let keys: Vec<String> = (first..first + n as u64).map(|p| opts.key(p)).collect();
+    let values: Vec<Option<Vec<u8>>> = ::redis::cmd("MGET").arg(&keys).query(c)?;
+    if values.len() != n {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "MGET returned the wrong number of values",
+        )));
+    }
+    for ((page, value), dst) in (first..).zip(values).zip(buf.chunks_mut(page_size)) {
+        match value {
+            None => crate::memops::clear(dst),
+            Some(v) if v.len() == dst.len() => dst.copy_from_slice(&v),
+            Some(v) => return Err(wrong_size(page, v.len() as i64, dst.len())),
+        }
+    }
+    Ok(())
 }

@@ -1,8 +1,8 @@
 //! Far memory: pages kept in Redis ([`Redis`], one server) or spread over a
 //! Redis Cluster ([`RedisCluster`]), one key per page under the region's
-//! key prefix, through the `redis` crate's synchronous API — except a
-//! server's page reads, which a connection of their own reads straight
-//! into the frames (`page_reader.rs`).
+//! key prefix, through the `redis` crate's synchronous API — except page
+//! reads, which a connection of their own (on a cluster, one per master,
+//! `slots.rs`) reads straight into the frames (`page_reader.rs`).
 //!
 //! Keys: page `p` of a region with prefix `P` is `{P:w}:p`, `w = p /
 //! window` (decimal). The braces are a cluster hash tag: all pages of one
@@ -46,6 +46,7 @@
 
 mod backend;
 mod page_reader;
+mod slots;
 
 pub use backend::{Backend, Cluster, Server};
 

@@ -6,7 +6,7 @@
 //! a random-read fault over Redis about a fifth of its CPU
 //! (docs/measurements.md, "Reading pages without the reply parser"); the
 //! crate still encodes every other command and parses its reply
-//! (`backend.rs`), and the cluster's reads go through it as before.
+//! (`backend.rs`). A cluster has a reader per master (`slots.rs`).
 //!
 //! What it accepts (RESP2; the connection never sends `HELLO`): for each
 //! page, a bulk string of exactly the page's size (its bytes), a null bulk
