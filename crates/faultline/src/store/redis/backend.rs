@@ -190,8 +190,8 @@ pub struct Cluster {
 /// A connection to a cluster: the `redis` crate's, for writes, queries
 /// and reads the slot map cannot route, and a page reader per master.
 pub struct ClusterConn {
-    commands: ClusterConnection,
-    pages: Slots,
+    pub(super) commands: ClusterConnection,
+    pub(super) pages: Slots,
 }
 
 impl Cluster {

@@ -13,6 +13,10 @@
 //! with its error, which the store's retry loop answers with a fresh
 //! connection, and so a fresh map.
 //!
+//! Only plain TCP: with TLS every read goes through the crate. A master
+//! listed without an address of its own (empty, `?`, a wildcard) is not
+//! mapped, and its slots' reads go through the crate too.
+//!
 //! No locks: a `Slots` belongs to one pooled connection, used by one thread
 //! at a time.
 
@@ -68,6 +72,9 @@ pub(super) struct Slots {
     ranges: Vec<(u16, u16, Node)>,
     readers: HashMap<Node, PageReader>,
     key: Vec<u8>,
+    /// Whether the nodes are reached over plain TCP, which a page reader
+    /// speaks; otherwise (TLS) every read goes through the crate.
+    plain: bool,
 }
 
 impl Slots {
@@ -77,14 +84,18 @@ impl Slots {
         timeout: Duration,
         c: &mut ClusterConnection,
     ) -> RedisResult<Slots> {
+        let plain = matches!(template.addr(), ConnectionAddr::Tcp(..));
         let mut s = Slots {
             template,
             timeout,
             ranges: Vec::new(),
             readers: HashMap::new(),
             key: Vec::with_capacity(64),
+            plain,
         };
-        s.refresh(c)?;
+        if plain {
+            s.refresh(c)?;
+        }
         Ok(s)
     }
 
@@ -107,6 +118,9 @@ impl Slots {
         page_size: usize,
         buf: &mut [u8],
     ) -> RedisResult<Routed> {
+        if !self.plain {
+            return Ok(Routed::Redirected);
+        }
         if self.ranges.is_empty() {
             self.refresh(c)?;
         }
@@ -119,8 +133,10 @@ impl Slots {
             .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
             .map(|(_, _, n)| n.clone())
         else {
-            // No master listed for the slot (the cluster is changing).
-            self.ranges.clear();
+            // No master listed for the slot with an address of its own (the
+            // cluster was changing, or the node gave none: see
+            // `parse_slots`): the crate knows where to ask. The map stays;
+            // a failing or redirecting master makes it be read again.
             return Ok(Routed::Redirected);
         };
         let reader = match self.readers.entry(node) {
@@ -152,9 +168,16 @@ impl Slots {
     }
 }
 
+/// Whether `host` is an address that means "any" (`0.0.0.0`, `::`).
+fn is_wildcard(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified())
+}
+
 /// The masters' slot ranges in a `CLUSTER SLOTS` reply: entries of
-/// `[first, last, [host, port, ...], replicas...]`; entries it cannot read
-/// are left out (their slots are then read through the crate).
+/// `[first, last, [host, port, ...], replicas...]`; entries it cannot read,
+/// or whose master has no address of its own, are left out (their slots
+/// are then read through the crate).
 fn parse_slots(v: &Value) -> Vec<(u16, u16, Node)> {
     let Value::Array(entries) = v else {
         return Vec::new();
@@ -173,6 +196,13 @@ fn parse_slots(v: &Value) -> Vec<(u16, u16, Node)> {
                 Value::SimpleString(s) => s.clone(),
                 _ => return None,
             };
+            // An empty host, a wildcard or none (the node that answered;
+            // which one that was, a randomly routed query does not say) and
+            // "?" (unknown): no address to read from, so the crate's
+            // connection, which knows, serves these slots.
+            if host.is_empty() || host == "?" || is_wildcard(&host) {
+                return None;
+            }
             let Some(Value::Int(port)) = master.get(1) else {
                 return None;
             };
@@ -210,61 +240,73 @@ mod tests {
     }
 
     /// On a real cluster, a map that sends every slot to one master: the
-    /// others' pages come back `Redirected` (and read right through the
-    /// crate, `backend.rs`), that master's pages are read, and the map is
-    /// read again after a redirection.
+    /// others' pages (one page, `GET`, or a window of 4, `MGET`) come back
+    /// `Redirected` and are then read right through the crate, that
+    /// master's are read, and the map is read again after a redirection.
     #[test]
     fn a_wrong_map_is_redirected_never_read() {
+        use super::super::backend::{Backend, Cluster};
+        const PS: usize = 64;
         let cluster = redis_harness::Cluster::start(3, 0)
             .unwrap_or_else(|e| panic!("this test needs redis-server: {e}"));
         let urls = cluster.urls();
-        let client = ::redis::cluster::ClusterClient::new(urls.iter().map(String::as_str))
-            .expect("cluster client");
-        let mut c = client.get_connection().expect("cluster connection");
-        let info = ::redis::Client::open(urls[0].as_str())
-            .expect("url")
-            .get_connection_info()
-            .clone();
-        let mut slots = Slots::new(info, Duration::from_secs(2), &mut c).expect("map");
-        assert_eq!(slots.ranges.len(), 3, "{:?}", slots.ranges);
-        let opts = RedisOptions::new("wrong").window(1);
-        // One page per window: pages land on every master.
-        let page = |p: u64| vec![p as u8 ^ 0x5A; 64];
-        for p in 0..32u64 {
+        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let backend = Cluster::new(&nodes, Duration::from_secs(2)).expect("cluster");
+        let mut conn = backend.connect().expect("cluster connection");
+        assert_eq!(conn.pages.ranges.len(), 3, "{:?}", conn.pages.ranges);
+        let opts = RedisOptions::new("wrong").window(4);
+        let page = |p: u64| vec![(p as u8) ^ 0x5A; PS];
+        for p in 0..64u64 {
             let _: () = ::redis::cmd("SET")
                 .arg(opts.key(p))
                 .arg(page(p))
-                .query(&mut c)
+                .query(&mut conn.commands)
                 .expect("SET");
         }
-        let true_map = slots.ranges.clone();
-        let (_, _, first_master) = true_map[0].clone();
+        let true_map = conn.pages.ranges.clone();
+        let first_master = true_map[0].2.clone();
+        let owner = |p: u64| {
+            let slot = slot_of(opts.key(p).as_bytes());
+            true_map
+                .iter()
+                .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+                .map(|r| r.2.clone())
+                .expect("every slot has a master")
+        };
+        let wrong = vec![(0, SLOTS - 1, first_master.clone())];
         let (mut read, mut redirected) = (0, 0);
-        for p in 0..32u64 {
-            slots.ranges = vec![(0, SLOTS - 1, first_master.clone())];
-            let mut buf = vec![0u8; 64];
-            let owner = {
-                let slot = slot_of(opts.key(p).as_bytes());
-                true_map
-                    .iter()
-                    .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
-                    .map(|r| r.2.clone())
-                    .expect("every slot has a master")
-            };
-            match slots
-                .read_pages(&mut c, &opts, p, 64, &mut buf)
+        // Windows of 4 pages: `MGET`s; then single pages: `GET`s.
+        for (first, n) in (0..16u64)
+            .map(|w| (w * 4, 4))
+            .chain((0..64u64).map(|p| (p, 1)))
+        {
+            conn.pages.ranges = wrong.clone();
+            let mut buf = vec![0xEEu8; n * PS];
+            match conn
+                .pages
+                .read_pages(&mut conn.commands, &opts, first, PS, &mut buf)
                 .expect("read")
             {
                 Routed::Read => {
-                    assert_eq!(owner, first_master, "page {p} read from its master");
-                    assert_eq!(buf, page(p), "page {p}");
+                    assert_eq!(
+                        owner(first),
+                        first_master,
+                        "page {first} read from its master"
+                    );
                     read += 1;
                 }
                 Routed::Redirected => {
-                    assert_ne!(owner, first_master, "page {p}");
-                    assert!(slots.ranges.is_empty(), "the map is read again");
+                    assert_ne!(owner(first), first_master, "page {first}");
+                    assert!(conn.pages.ranges.is_empty(), "the map is read again");
                     redirected += 1;
                 }
+            }
+            // The store's read, through the backend: right either way.
+            conn.pages.ranges = wrong.clone();
+            let mut buf = vec![0xEEu8; n * PS];
+            Cluster::read_pages(&mut conn, &opts, first, PS, &mut buf).expect("read");
+            for (i, got) in buf.chunks(PS).enumerate() {
+                assert_eq!(got, page(first + i as u64), "page {}", first + i as u64);
             }
         }
         assert!(
@@ -272,11 +314,12 @@ mod tests {
             "read {read}, redirected {redirected}"
         );
         // With the map read again, every page is read from its master.
-        slots.ranges.clear();
-        for p in 0..32u64 {
-            let mut buf = vec![0u8; 64];
-            let routed = slots
-                .read_pages(&mut c, &opts, p, 64, &mut buf)
+        conn.pages.ranges.clear();
+        for p in 0..64u64 {
+            let mut buf = vec![0u8; PS];
+            let routed = conn
+                .pages
+                .read_pages(&mut conn.commands, &opts, p, PS, &mut buf)
                 .expect("read");
             assert!(matches!(routed, Routed::Read), "page {p}: {routed:?}");
             assert_eq!(buf, page(p), "page {p}");
@@ -305,6 +348,19 @@ mod tests {
                 node("127.0.0.1", 7000),
             ]),
             Value::Array(vec![Value::Int(10923)]),
+            Value::Array(vec![Value::Int(11000), Value::Int(11100), node("", 7002)]),
+            Value::Array(vec![Value::Int(11101), Value::Int(11200), node("?", 7002)]),
+            Value::Array(vec![
+                Value::Int(11201),
+                Value::Int(11300),
+                node("0.0.0.0", 7002),
+            ]),
+            Value::Array(vec![Value::Int(11301), Value::Int(11400), node("::", 7002)]),
+            Value::Array(vec![
+                Value::Int(11401),
+                Value::Int(11500),
+                Value::Array(vec![Value::Nil, Value::Int(7002)]),
+            ]),
         ]);
         assert_eq!(
             parse_slots(&v),
