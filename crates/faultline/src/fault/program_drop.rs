@@ -14,9 +14,10 @@
 //!   emptied it — under its lock, no 4 KiB of it in the region: nothing of
 //!   the page is anywhere, so nothing the program wrote can be lost. Its
 //!   slot's holes get zeroed pages, the frame is freed, the page is absent
-//!   (its next touch reads the store's copy): `pagemove::give_back_if_emptied`,
-//!   which the sweep for drops nobody heard shares (`reclaim/unheard.rs`).
-//!   A page still mapped when the handler looks (the zap has not run yet) is looked at again by the
+//!   (its next touch reads the store's copy):
+//!   `pagemove::give_back_if_emptied`, which the sweep for drops nobody
+//!   heard shares (`reclaim/unheard.rs`). A page still mapped when the
+//!   handler looks (the zap has not run yet) is looked at again by the
 //!   workers for up to [`PATIENCE`] ([`Retry`]); one still mapped then
 //!   (`MADV_FREE`: the program may have written it since) is left as it is.
 //! - anything else is left to the fault path as before: a *parked* page

@@ -1,8 +1,9 @@
 //! The two ways to reach Redis: one server ([`Server`]) or a cluster
 //! ([`Cluster`]). A backend opens connections with response timeouts set,
 //! reads pages into frames (a server: its own connection for that,
-//! `page_reader.rs`; a cluster: `MGET` through the `redis` crate's cluster
-//! routing) and reads every node's `maxmemory-policy`. No locks.
+//! `page_reader.rs`; a cluster: one per master, `slots.rs`, and `MGET`
+//! through the `redis` crate's cluster routing where the slot map cannot
+//! route) and reads every node's `maxmemory-policy`. No locks.
 
 use ::redis::cluster::{ClusterClient, ClusterConnection};
 use ::redis::cluster_routing::{

@@ -106,14 +106,25 @@ impl RedisOptions {
     }
 
     fn key(&self, page: u64) -> String {
-        format!("{{{}:{}}}:{page}", self.prefix, page / self.window)
+        Key(self, page).to_string()
     }
 
-    /// Appends [`RedisOptions::key`]'s bytes to `out`.
+    /// Appends [`RedisOptions::key`]'s bytes to `out` (no allocation).
     fn write_key(&self, page: u64, out: &mut Vec<u8>) {
         use std::io::Write;
         // Writing into a Vec cannot fail.
-        let _ = write!(out, "{{{}:{}}}:{page}", self.prefix, page / self.window);
+        let _ = write!(out, "{}", Key(self, page));
+    }
+}
+
+/// Page `.1`'s key under options `.0`: `{prefix:window}:page`, the one
+/// place the format is written.
+struct Key<'a>(&'a RedisOptions, u64);
+
+impl std::fmt::Display for Key<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Key(o, page) = self;
+        write!(f, "{{{}:{}}}:{page}", o.prefix, page / o.window)
     }
 }
 

@@ -127,11 +127,10 @@ impl Slots {
         self.key.clear();
         opts.write_key(first, &mut self.key);
         let slot = slot_of(&self.key);
-        let Some(node) = self
+        let Some((_, _, node)) = self
             .ranges
             .iter()
             .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
-            .map(|(_, _, n)| n.clone())
         else {
             // No master listed for the slot with an address of its own (the
             // cluster was changing, or the node gave none: see
@@ -139,15 +138,18 @@ impl Slots {
             // a failing or redirecting master makes it be read again.
             return Ok(Routed::Redirected);
         };
-        let reader = match self.readers.entry(node) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let (host, port) = e.key().clone();
+        // Looked up by reference: a read allocates nothing once its
+        // master's reader is open.
+        let reader = match self.readers.get_mut(node) {
+            Some(reader) => reader,
+            None => {
+                let (host, port) = node.clone();
                 let info = self
                     .template
                     .clone()
                     .set_addr(ConnectionAddr::Tcp(host, port));
-                e.insert(PageReader::connect(&info, self.timeout)?)
+                let reader = PageReader::connect(&info, self.timeout)?;
+                self.readers.entry(node.clone()).or_insert(reader)
             }
         };
         match reader.read_pages(opts, first, page_size, buf) {
