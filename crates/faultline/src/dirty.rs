@@ -10,14 +10,19 @@
 //! `clean(p) ⇔ xxh3_128(bytes(p)) = fp(p)`, and `fp(p)` is set only from the
 //! bytes the store holds.
 //!
-//! Two fills and one write take none, since it could only be hashed to be
-//! found stale or thrown away: a *write fault's* fill (`Fault::dirties`:
-//! the write lands as soon as the page is in; a stream of write faults'
-//! read-ahead windows too, whose pages its writer reaches next), and an
-//! *eviction's* write-back (the frame is freed with its fingerprint). A
-//! page without one is dirty, and its eviction writes it without a hash.
-//! The cost of a wrong guess — a writer's window page that is only read —
-//! is one needless write of that page, never a lost one.
+//! Three fills and one write take none, since it could only be hashed to be
+//! found stale or thrown away, or is not needed: a *write fault's* fill
+//! (`Fault::dirties`: the write lands as soon as the page is in; a stream
+//! of write faults' read-ahead windows too, whose pages its writer reaches
+//! next), a fill that goes in *write-protected* (below: its protection says
+//! clean until its first write, which makes it dirty; a park that ends the
+//! protection first fingerprints the parked frame,
+//! `pagemove::fingerprint_if_was_protected`), and an *eviction's*
+//! write-back (the frame is freed with its fingerprint). A page without
+//! one is dirty, and its eviction writes it without a hash. The cost of a
+//! wrong guess — a writer's window page that is only read, a copy that
+//! was to go in protected and did not — is one needless write of that
+//! page, never a lost one.
 //!
 //! Eviction hashes the parked frame (quiescent in its pool slot: nothing can
 //! write it) and writes back only on a mismatch (the clock hand drops the
@@ -25,7 +30,8 @@
 //! its write without a second hash: `reclaim/evictions.rs`); `Region::flush` copies each
 //! page, hashes the copy, and writes only copies that differ. A write that
 //! restores a page's old bytes leaves it clean — correctly: the store already
-//! holds them. A modified page is taken for clean only on a 128-bit hash
+//! holds them (if the page has a fingerprint: a protected page, below, has
+//! none, and its first write makes it dirty whatever it wrote). A modified page is taken for clean only on a 128-bit hash
 //! collision (probability 2^-128 per check).
 //!
 //! Why not `UFFD_FEATURE_WP_ASYNC` + `PAGEMAP_SCAN` alone (the method the
@@ -46,7 +52,8 @@
 //! and reports it (a write-protect fault) before it lands. Such a page is
 //! *protected* here, one bit per frame beside its fingerprint, and clean
 //! without a hash: reclaim drops it from the region (no park, no hash, no
-//! write). The bit is set only after the protected copy, under the page's
+//! write), a flush passes it over (no park, no write), and neither parks
+//! it in a run of others (`pagemove::park_run`). The bit is set only after the protected copy, under the page's
 //! lock (`RegionInner::set_protected`), and cleared before the
 //! write-protect fault lifts the protection (under the lock too) and on
 //! every change of the page's state (`RegionInner::set_state`: a move,

@@ -5,13 +5,13 @@
 //! reason otherwise.
 
 use faultline::store::{File, FileOptions};
-use faultline::{Manager, MapOptions, PageSize, Region, Store, StoreError};
+use faultline::{FillModel, Manager, MapOptions, PageSize, Region, Store, StoreError};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 mod common;
-use common::{byte, manager, rng, set_byte, MIB};
+use common::{byte, rng, set_byte, MIB};
 
 /// A file store that counts writes per page.
 #[derive(Debug)]
@@ -77,6 +77,18 @@ fn contents(r: &Region) -> Vec<u8> {
     let mut v = vec![0u8; r.len()];
     r.read_at(0, &mut v).expect("read_at inside the region");
     v
+}
+
+/// A manager of `budget` bytes whose store pages all take fingerprints:
+/// `FillModel::Copy`. Under `CopyProtected` (the default with workers) a
+/// page read alone goes in write-protected and takes none — its protection
+/// says it is clean, and a write makes it dirty even if it puts back the
+/// store's bytes (`tests/fill_model.rs` tests that model).
+fn manager(budget: usize) -> Manager {
+    let mut c = common::config(budget);
+    c.experiment.fault_locks = Some(4);
+    c.fill_model = FillModel::Copy;
+    common::manager_with(c)
 }
 
 fn scratch(name: &str, len: usize) -> (common::ScratchDir, std::path::PathBuf, Vec<u8>) {

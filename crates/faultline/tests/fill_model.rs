@@ -218,6 +218,71 @@ fn dead_copies_are_dropped_when_faults_stop() {
     }
 }
 
+/// Pages read under `CopyProtected` go in write-protected and take no
+/// fingerprint: their protection says they are the store's copy. A flush
+/// passes them over (no park, no write); a page written since is written
+/// (also one whose write put back the bytes it held: the cost of taking no
+/// fingerprint); and a page the program dropped, read again (gathered from
+/// the store, parked and put back unprotected), is fingerprinted on the way
+/// and counts clean — never skipped when written.
+#[test]
+fn protected_pages_are_flushed_without_a_park_or_a_write() {
+    let mm = manager(FillModel::CopyProtected);
+    let dir = ScratchDir::new("fill-model-flush-protected");
+    let path = dir.file("data", &vec![7u8; 64 * PAGE]);
+    let r = map(&mm, &path);
+    let pages: Vec<usize> = (0..10).map(|i| i * 5).collect();
+    // Pages 5 apart: lone misses, each copied in write-protected.
+    for &page in &pages {
+        assert_eq!(
+            r.load_u64(page * PAGE).expect("load"),
+            0x0707_0707_0707_0707
+        );
+    }
+    let before = common::settled(&mm);
+    r.flush().expect("flush");
+    let after = mm.stats();
+    assert_eq!(
+        after.written_back, before.written_back,
+        "a read page written: {after}"
+    );
+    assert_eq!(
+        after.parked, before.parked,
+        "a protected page parked: {after}"
+    );
+    assert_eq!(
+        after.clean_skipped,
+        before.clean_skipped + pages.len() as u64,
+        "{after}"
+    );
+
+    // Written: the first write lifts the protection; the flush writes it.
+    r.store_u64(5 * PAGE + 8, 0xfeed).expect("store");
+    // Written with the bytes it holds: dirty all the same (no fingerprint
+    // says otherwise), one needless write.
+    r.store_u64(15 * PAGE, 0x0707_0707_0707_0707)
+        .expect("store");
+    // Dropped by the program (unheard in this model) and read again.
+    common::drop_page(r.as_ptr() as usize + 10 * PAGE);
+    assert_eq!(r.load_u64(10 * PAGE).expect("load"), 0x0707_0707_0707_0707);
+    let before = common::settled(&mm);
+    r.flush().expect("flush");
+    let after = mm.stats();
+    assert_eq!(
+        after.written_back,
+        before.written_back + 2,
+        "pages 5 and 15: {after}"
+    );
+    let on_disk = std::fs::read(&path).expect("read back");
+    let at = 5 * PAGE + 8;
+    assert_eq!(
+        u64::from_le_bytes(on_disk[at..at + 8].try_into().expect("8 bytes")),
+        0xfeed
+    );
+    assert!(on_disk[..5 * PAGE].iter().all(|&b| b == 7));
+    assert!(on_disk[at + 8..].iter().all(|&b| b == 7));
+}
+
 /// In-thread, a page read (so mapped write-protected) is not yet writable
 /// by the kernel: a `read(2)` into it fails with `EFAULT`, as into an
 /// absent page. `Region::prefetch` lifts the protection, and the kernel's

@@ -43,6 +43,20 @@ pub(super) fn fills_protected(
         && region.tracks_dirt()
 }
 
+/// Whether a unit of `count` pages the store fills for fault `how` will go
+/// in write-protected ([`fills_protected`], and copied in:
+/// [`pagemove::by_copy`]); its fill then takes no fingerprints
+/// (`unit::fill_frame`).
+pub(super) fn goes_in_protected(
+    core: &Core,
+    region: &RegionInner,
+    count: usize,
+    how: &Fault,
+) -> bool {
+    fills_protected(core, region, (FillSource::Store, count), how)
+        && pagemove::by_copy(core, region, count * region.page_size.bytes())
+}
+
 /// Marks `pages`, just copied in write-protected, protected. Called after
 /// the copy that woke the faulting threads, under the unit's locks: a
 /// write of theirs meanwhile waits for a lock (its write-protect fault),

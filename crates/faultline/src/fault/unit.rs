@@ -153,7 +153,14 @@ pub(super) fn fill_frame(
     // fingerprints: dirty from the fill. Hashing them only for the write
     // to make the hash stale cost a sequential writer 6% of its rate
     // (measurements.md §26).
-    let hashed = region.tracks_dirt() && !how.dirties;
+    // A page that goes in write-protected needs none either: until its
+    // first write its protection says it is the store's copy, and after it
+    // the page is dirty (`crate::dirty`). Should the copy not end up
+    // protected, the page only counts dirty: one needless write, never a
+    // lost one.
+    let hashed = region.tracks_dirt()
+        && !how.dirties
+        && !super::protect::goes_in_protected(core, region, u.count, how);
     let filled = if region.store.is_zero() {
         let order = core.config.experiment.fill_order;
         // SAFETY: `u.frame` was just allocated (or taken from the

@@ -207,6 +207,7 @@ pub(crate) fn recollect(
 pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
+    let was_protected = r.is_protected(page);
     // SAFETY: the page is resident under its lock and its frame's slot is
     // the hole it left; faultline holds no reference into either.
     if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
@@ -217,7 +218,33 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<
         recollect(core, r, page, slot)?;
     }
     r.set_state(page, PageState::Parked(f));
+    fingerprint_if_was_protected(core, r, page, f, was_protected);
     Ok(())
+}
+
+/// Gives parked `page` (frame `f`) the fingerprint its write-protected fill
+/// did not take (`fault/unit.rs`), if it was `protected` until this park:
+/// its bytes, whole in the slot, are then the store's copy — a first write
+/// waits for the page's lock, which the caller has held throughout, and a
+/// part the program dropped was refilled from the store ([`recollect`]).
+/// Parked, the page has lost its protection (`RegionInner::set_state`); with
+/// the fingerprint it still counts clean (`crate::dirty`). The caller holds
+/// the page's lock.
+pub(crate) fn fingerprint_if_was_protected(
+    core: &Core,
+    r: &RegionInner,
+    page: usize,
+    f: u32,
+    protected: bool,
+) {
+    if !protected || r.fingerprint(page).is_some() {
+        return;
+    }
+    let mut frame = Frame::from_parts(f, r.page_size.order());
+    // SAFETY: the page is parked in `f` under its lock (the caller's):
+    // nobody else reads or writes the frame, and it is whole in its slot.
+    let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
+    r.set_fingerprint(page, crate::dirty::fingerprint(bytes));
 }
 
 /// Parks the run of resident 4 KiB pages from `page` whose frames follow
@@ -252,6 +279,11 @@ pub(crate) fn park_run<'a>(
             && core.alloc.same_part(f, fp)
             && !r.pins.contains(p)
             && !r.held.contains(p)
+            // A protected page is the store's copy (`crate::dirty`): reclaim
+            // drops it and write-back passes it over; parked it would lose
+            // its protection, and with it (it has no fingerprint) count
+            // dirty.
+            && !r.is_protected(p)
     });
     if n < 2 {
         return 0;
@@ -297,6 +329,7 @@ pub(crate) fn try_park(
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
     let len = r.page_size.bytes();
+    let was_protected = r.is_protected(page);
     // SAFETY: as in `park`.
     match unsafe { move_back(core, slot, addr, len, Holes::Forbid, patience) } {
         Ok(()) => {}
@@ -308,6 +341,7 @@ pub(crate) fn try_park(
         }
     }
     r.set_state(page, PageState::Parked(f));
+    fingerprint_if_was_protected(core, r, page, f, was_protected);
     Ok(TryPark::Parked)
 }
 

@@ -1,5 +1,6 @@
 //! A region's write-back (`Region::flush`, `close`, `write_back` of a
-//! range, and the drop's): every dirty page of a range goes to the store,
+//! range, and the drop's): every dirty page of a range goes to the store
+//! (a protected one, [`crate::dirty`], is passed over under its lock),
 //! in batches of up to [`FLUSH_BATCH_PAGES`], each page taken out of the
 //! region (parked; a run of consecutive frames with one move) with its
 //! fault lock held until its batch is written, then moved back in.
@@ -19,6 +20,7 @@ use crate::error::FaultError;
 use crate::locks::FaultGuard;
 use crate::pagemove;
 use crate::region::{PageState, RegionInner};
+use crate::stats::Stats;
 use crate::store::StoreError;
 use faultline_sys::SysError;
 
@@ -95,6 +97,13 @@ pub(crate) fn write_back(
         else {
             continue;
         };
+        if r.is_protected(page) {
+            // The store's copy, unwritten since (`crate::dirty`; checked
+            // under its lock, which a first write's protect fault takes
+            // before the write lands): nothing to write, and no park.
+            Stats::bump(&core.stats.clean_skipped);
+            continue;
+        }
         let mut guards: Vec<FaultGuard<'_>> = guard.into_iter().collect();
         if let Some(run) = park_run(core, r, page, lock, cap - batch.len(), &batch) {
             guards.extend(run.guards);

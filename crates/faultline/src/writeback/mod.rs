@@ -1,6 +1,7 @@
 //! Write-back: the one place page bytes go to a region's store. A page is
-//! written only when dirty — its bytes differ from the store's copy, by
-//! fingerprint ([`crate::dirty`]), or it has none (filled for a write) —
+//! written only when dirty — not protected, and its bytes differ from the
+//! store's copy by fingerprint ([`crate::dirty`]), or it has none (filled
+//! for a write) —
 //! and only from its frame while parked
 //! (out of the region, under its fault lock), so the store gets the page as
 //! it was at one instant. Reclaim writes evicted pages through [`put`],
