@@ -99,12 +99,18 @@ impl Slots {
         Ok(s)
     }
 
-    /// Reads the map again (`CLUSTER SLOTS`, from any node).
+    /// Reads the map again (`CLUSTER SLOTS`, from any node), and closes the
+    /// readers of nodes that are no longer a listed master (a demoted or
+    /// removed one): a long-lived connection through failovers keeps a
+    /// socket per current master, not one per master it ever had.
     fn refresh(&mut self, c: &mut ClusterConnection) -> RedisResult<()> {
         let mut cmd = ::redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let v = c.route_command(&cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))?;
-        self.ranges = parse_slots(&v);
+        let ranges = parse_slots(&v);
+        self.readers
+            .retain(|node, _| ranges.iter().any(|(_, _, master)| master == node));
+        self.ranges = ranges;
         Ok(())
     }
 
@@ -315,6 +321,22 @@ mod tests {
             read > 0 && redirected > 0,
             "read {read}, redirected {redirected}"
         );
+        // A reader of a node that is no longer a master (here one that
+        // never was) is closed when the map is read again.
+        let stale = ("127.0.0.1".to_string(), 1);
+        let (host, port) = first_master.clone();
+        let info = conn
+            .pages
+            .template
+            .clone()
+            .set_addr(ConnectionAddr::Tcp(host, port));
+        let reader = PageReader::connect(&info, Duration::from_secs(2)).expect("connect");
+        conn.pages.readers.insert(stale.clone(), reader);
+        conn.pages
+            .refresh(&mut conn.commands)
+            .expect("CLUSTER SLOTS");
+        assert!(!conn.pages.readers.contains_key(&stale));
+        assert!(conn.pages.readers.contains_key(&first_master));
         // With the map read again, every page is read from its master.
         conn.pages.ranges.clear();
         for p in 0..64u64 {
