@@ -14,9 +14,10 @@
 //! found stale or thrown away, or is not needed: a *write fault's* fill
 //! (`Fault::dirties`: the write lands as soon as the page is in; a stream
 //! of write faults' read-ahead windows too, whose pages its writer reaches
-//! next), a fill that goes in *write-protected* (below: its protection says
-//! clean until its first write, which makes it dirty; a park that ends the
-//! protection first fingerprints the parked frame,
+//! next), a fill that goes in *write-protected* with workers serving faults
+//! (below: its protection says clean until its first write, which makes it
+//! dirty; a move out of the region that ends the protection otherwise
+//! first fingerprints the page's frame,
 //! `pagemove::fingerprint_if_was_protected`), and an *eviction's*
 //! write-back (the frame is freed with its fingerprint). A page without
 //! one is dirty, and its eviction writes it without a hash. The cost of a
@@ -59,8 +60,9 @@
 //! every change of the page's state (`RegionInner::set_state`: a move,
 //! park, unpark or drop leaves the page unprotected or gone). So a set bit
 //! implies the kernel holds the page write-protected — the one direction
-//! that matters: a page protected in the kernel but not here is only
-//! parked and hashed as before.
+//! that matters: a page protected in the kernel but not here is parked
+//! as any other, and written once if it has no fingerprint (a needless
+//! write, never a lost one).
 //!
 //! Storage: by *frame*, not by page — a fingerprint is needed only while
 //! its page holds a frame (an evicted page is refilled, and fingerprinted,

@@ -283,6 +283,47 @@ fn protected_pages_are_flushed_without_a_park_or_a_write() {
     assert!(on_disk[at + 8..].iter().all(|&b| b == 7));
 }
 
+/// Protected pages migrated to another pool (moved out of the region in
+/// runs, which ends their protection) are fingerprinted on the way: a flush
+/// after the migration writes none of them, and a page written after it
+/// is written.
+#[test]
+fn protected_pages_migrated_stay_clean() {
+    let mut c = common::config(BUDGET);
+    c.fill_model = FillModel::CopyProtected;
+    let mm = common::manager_with(c.with_tier(4 * MIB));
+    let dir = ScratchDir::new("fill-model-migrate-protected");
+    let path = dir.file("data", &vec![9u8; 64 * PAGE]);
+    let r = map(&mm, &path);
+    // Lone misses, each copied in write-protected (two pairs of neighbours,
+    // whose frames may follow each other: a run of one move).
+    let pages = [3usize, 4, 20, 21, 40];
+    for &page in &pages {
+        assert_eq!(
+            r.load_u64(page * PAGE).expect("load"),
+            0x0909_0909_0909_0909
+        );
+    }
+    let report = r.migrate(0..64 * PAGE, 1).expect("migrate");
+    let before = common::settled(&mm);
+    assert!(
+        before.migrated_pages >= pages.len() as u64,
+        "{report:?}: {before}"
+    );
+    r.flush().expect("flush");
+    let after = mm.stats();
+    assert_eq!(
+        after.written_back, before.written_back,
+        "a migrated page written: {after}"
+    );
+    r.store_u64(20 * PAGE, 1).expect("store");
+    r.flush().expect("flush");
+    assert_eq!(mm.stats().written_back, before.written_back + 1);
+    let on_disk = std::fs::read(&path).expect("read back");
+    assert_eq!(on_disk[20 * PAGE], 1);
+    assert!(on_disk[..20 * PAGE].iter().all(|&b| b == 9));
+}
+
 /// In-thread, a page read (so mapped write-protected) is not yet writable
 /// by the kernel: a `read(2)` into it fails with `EFAULT`, as into an
 /// absent page. `Region::prefetch` lifts the protection, and the kernel's

@@ -45,15 +45,19 @@ pub(super) fn fills_protected(
 
 /// Whether a unit of `count` pages the store fills for fault `how` will go
 /// in write-protected ([`fills_protected`], and copied in:
-/// [`pagemove::by_copy`]); its fill then takes no fingerprints
-/// (`unit::fill_frame`).
+/// [`pagemove::by_copy`]) with workers serving faults; its fill then takes
+/// no fingerprint (`unit::fill_frame`). In-thread it still does: there a
+/// racing read fault on a page just mapped lifts the protection without a
+/// write ([`lift`], from `resolve.rs: refault`), and the fingerprint keeps
+/// such a page clean.
 pub(super) fn goes_in_protected(
     core: &Core,
     region: &RegionInner,
     count: usize,
     how: &Fault,
 ) -> bool {
-    fills_protected(core, region, (FillSource::Store, count), how)
+    core.config.fault_mode == FaultMode::Workers
+        && fills_protected(core, region, (FillSource::Store, count), how)
         && pagemove::by_copy(core, region, count * region.page_size.bytes())
 }
 

@@ -88,8 +88,11 @@ fn give_up(core: &Core, r: &RegionInner, page: usize, s: usize, e: usize) {
             return;
         }
     };
-    pagemove::free_whole(core, Frame::from_parts(f, r.page_size.order()));
+    // Gone first: the state change clears the frame's fingerprint and
+    // protection mark, which must not reach the frame once another page
+    // may have it (freed, it can be taken and filled at once).
     r.set_state(page, PageState::Gone);
+    pagemove::free_whole(core, Frame::from_parts(f, r.page_size.order()));
     Stats::bump(&core.stats.unmapped_by_program);
 }
 

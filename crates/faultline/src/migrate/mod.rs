@@ -344,12 +344,23 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) -> usize {
             continue;
         }
         let slot = core.pool.slot_addr(t.old);
+        let protected: Vec<bool> = todo[i..i + n]
+            .iter()
+            .map(|t| r.is_protected(t.page))
+            .collect();
         // SAFETY: the pages are resident under their locks and their frames'
         // slots are the holes they left; faultline holds no reference into
         // either range.
         let whole = unsafe { pagemove::move_out(core, slot, r.page_addr(t.page), n * unit) };
         match whole {
-            Ok(()) => {}
+            Ok(()) => {
+                // Out of the region whole, each in its old frame: a page
+                // protected until now gets the fingerprint its fill did not
+                // take, before its move to the new frame unprotects it.
+                for (t, &was) in todo[i..i + n].iter().zip(&protected) {
+                    pagemove::fingerprint_if_was_protected(core, r, t.page, t.old, was);
+                }
+            }
             Err(e) if e.is_held() => {
                 held = true;
                 keep[i..i + n].fill(false);

@@ -222,14 +222,15 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<
     Ok(())
 }
 
-/// Gives parked `page` (frame `f`) the fingerprint its write-protected fill
-/// did not take (`fault/unit.rs`), if it was `protected` until this park:
-/// its bytes, whole in the slot, are then the store's copy — a first write
-/// waits for the page's lock, which the caller has held throughout, and a
-/// part the program dropped was refilled from the store ([`recollect`]).
-/// Parked, the page has lost its protection (`RegionInner::set_state`); with
-/// the fingerprint it still counts clean (`crate::dirty`). The caller holds
-/// the page's lock.
+/// Gives `page`, whose bytes are whole in frame `f`'s slot (parked, or
+/// moved out by migration and still recorded resident there), the
+/// fingerprint its write-protected fill did not take (`fault/unit.rs`), if
+/// it was `protected` until that move: its bytes are then the store's copy
+/// — a first write waits for the page's lock, which the caller has held
+/// throughout, and a part the program dropped was refilled from the store
+/// ([`recollect`]). Out of the region the page has lost its protection
+/// (`RegionInner::set_state` clears the mark); with the fingerprint it
+/// still counts clean (`crate::dirty`). The caller holds the page's lock.
 pub(crate) fn fingerprint_if_was_protected(
     core: &Core,
     r: &RegionInner,
