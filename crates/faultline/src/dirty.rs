@@ -58,7 +58,9 @@
 //! lock (`RegionInner::set_protected`), and cleared before the
 //! write-protect fault lifts the protection (under the lock too) and on
 //! every change of the page's state (`RegionInner::set_state`: a move,
-//! park, unpark or drop leaves the page unprotected or gone). So a set bit
+//! park, unpark or drop leaves the page unprotected or gone), and when a
+//! run moved out of the region by migration is put back by moves, which
+//! map it writable (`migrate::move_out`). So a set bit
 //! implies the kernel holds the page write-protected — the one direction
 //! that matters: a page protected in the kernel but not here is parked
 //! as any other, and written once if it has no fingerprint (a needless

@@ -361,12 +361,23 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) -> usize {
                     pagemove::fingerprint_if_was_protected(core, r, t.page, t.old, was);
                 }
             }
-            Err(e) if e.is_held() => {
-                held = true;
-                keep[i..i + n].fill(false);
-                refused += n;
-            }
-            Err(_) => {
+            Err(e) => {
+                // A run that did not move whole was put back by moves
+                // (`pagemove::settle`), which map its pages writable: none
+                // is protected now, whatever its mark said, and a write may
+                // land before its park below — so the marks go (a page left
+                // with neither mark nor fingerprint counts dirty), and the
+                // park takes no fingerprint of bytes it cannot vouch for.
+                for t in &todo[i..i + n] {
+                    r.set_protected(t.page, false);
+                }
+                if e.is_held() {
+                    held = true;
+                    keep[i..i + n].fill(false);
+                    refused += n;
+                    i += n;
+                    continue;
+                }
                 for j in i..i + n {
                     // Parked now (or, if it cannot be, left resident).
                     keep[j] = pagemove::park(core, r, todo[j].page, todo[j].old)
