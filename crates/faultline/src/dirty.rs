@@ -18,7 +18,7 @@
 //! (below: its protection says clean until its first write, which makes it
 //! dirty; a move out of the region that ends the protection otherwise
 //! first fingerprints the page's frame,
-//! `pagemove::fingerprint_if_was_protected`), and an *eviction's*
+//! `pagemove::fingerprint_if_protected`), and an *eviction's*
 //! write-back (the frame is freed with its fingerprint). A page without
 //! one is dirty, and its eviction writes it without a hash. The cost of a
 //! wrong guess — a writer's window page that is only read, a copy that

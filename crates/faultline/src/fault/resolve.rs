@@ -323,11 +323,10 @@ fn refault(
             return Some(poison(core, region, page, cause, how));
         }
     }
-    let was_protected = region.is_protected(page);
     match pagemove::recollect(core, region, page, core.pool.slot_addr(f)) {
         Ok(_) => {
+            pagemove::fingerprint_if_protected(core, region, page, f);
             region.set_state(page, PageState::Parked(f));
-            pagemove::fingerprint_if_was_protected(core, region, page, f, was_protected);
             None
         }
         Err(e) => {

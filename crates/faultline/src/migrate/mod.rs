@@ -344,10 +344,6 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) -> usize {
             continue;
         }
         let slot = core.pool.slot_addr(t.old);
-        let protected: Vec<bool> = todo[i..i + n]
-            .iter()
-            .map(|t| r.is_protected(t.page))
-            .collect();
         // SAFETY: the pages are resident under their locks and their frames'
         // slots are the holes they left; faultline holds no reference into
         // either range.
@@ -357,8 +353,8 @@ fn move_out(core: &Core, r: &RegionInner, todo: &mut Vec<Todo>) -> usize {
                 // Out of the region whole, each in its old frame: a page
                 // protected until now gets the fingerprint its fill did not
                 // take, before its move to the new frame unprotects it.
-                for (t, &was) in todo[i..i + n].iter().zip(&protected) {
-                    pagemove::fingerprint_if_was_protected(core, r, t.page, t.old, was);
+                for t in &todo[i..i + n] {
+                    pagemove::fingerprint_if_protected(core, r, t.page, t.old);
                 }
             }
             Err(e) => {

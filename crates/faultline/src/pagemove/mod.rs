@@ -62,9 +62,8 @@ use settle::{settle, Known};
 
 pub(crate) use copy::{by_copy, copy_in, drop_dead_copies};
 pub(crate) use park::{
-    drop_empty_page_table, fill_holes, fingerprint_if_was_protected, free_whole,
-    give_back_if_emptied, is_empty, park, park_run, recollect, try_park, unpark, unpark_run,
-    Emptied, TryPark,
+    drop_empty_page_table, fill_holes, fingerprint_if_protected, free_whole, give_back_if_emptied,
+    is_empty, park, park_run, recollect, try_park, unpark, unpark_run, Emptied, TryPark,
 };
 
 /// How long a move keeps retrying pages the kernel refuses for the moment

@@ -207,7 +207,6 @@ pub(crate) fn recollect(
 pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<(), FaultError> {
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
-    let was_protected = r.is_protected(page);
     // SAFETY: the page is resident under its lock and its frame's slot is
     // the hole it left; faultline holds no reference into either.
     if unsafe { move_out(core, slot, addr, r.page_size.bytes()) }.is_err() {
@@ -217,33 +216,28 @@ pub(crate) fn park(core: &Core, r: &RegionInner, page: usize, f: u32) -> Result<
         // loop, 2026-11-27); with it, 102 loaded runs passed before.
         recollect(core, r, page, slot)?;
     }
+    fingerprint_if_protected(core, r, page, f);
     r.set_state(page, PageState::Parked(f));
-    fingerprint_if_was_protected(core, r, page, f, was_protected);
     Ok(())
 }
 
-/// Gives `page`, whose bytes are whole in frame `f`'s slot (parked, or
-/// moved out by migration and still recorded resident there), the
-/// fingerprint its write-protected fill did not take (`fault/unit.rs`), if
-/// it was `protected` until that move: its bytes are then the store's copy
-/// — a first write waits for the page's lock, which the caller has held
-/// throughout, and a part the program dropped was refilled from the store
-/// ([`recollect`]). Out of the region the page has lost its protection
-/// (`RegionInner::set_state` clears the mark); with the fingerprint it
-/// still counts clean (`crate::dirty`). The caller holds the page's lock.
-pub(crate) fn fingerprint_if_was_protected(
-    core: &Core,
-    r: &RegionInner,
-    page: usize,
-    f: u32,
-    protected: bool,
-) {
-    if !protected || r.fingerprint(page).is_some() {
+/// Gives `page`, just moved out of the region into frame `f`'s slot (whole
+/// there) and still recorded resident in `f`, the fingerprint its
+/// write-protected fill did not take (`fault/unit.rs`), if it is marked
+/// protected: its bytes are then the store's copy — a first write waits for
+/// the page's lock, which the caller has held throughout, and a part the
+/// program dropped was refilled from the store ([`recollect`]). Called
+/// before the state change that clears the mark (`RegionInner::set_state`:
+/// parked or moved to another frame, the page is unprotected); with the
+/// fingerprint it still counts clean (`crate::dirty`). The caller holds the
+/// page's lock.
+pub(crate) fn fingerprint_if_protected(core: &Core, r: &RegionInner, page: usize, f: u32) {
+    if !r.is_protected(page) || r.fingerprint(page).is_some() {
         return;
     }
     let mut frame = Frame::from_parts(f, r.page_size.order());
-    // SAFETY: the page is parked in `f` under its lock (the caller's):
-    // nobody else reads or writes the frame, and it is whole in its slot.
+    // SAFETY: the page is out of the region in `f`'s slot, whole, under its
+    // lock (the caller's): nobody else reads or writes the frame.
     let bytes = unsafe { core.pool.bytes_mut(&mut frame) };
     r.set_fingerprint(page, crate::dirty::fingerprint(bytes));
 }
@@ -330,7 +324,6 @@ pub(crate) fn try_park(
     let slot = core.pool.slot_addr(f);
     let addr = r.page_addr(page);
     let len = r.page_size.bytes();
-    let was_protected = r.is_protected(page);
     // SAFETY: as in `park`.
     match unsafe { move_back(core, slot, addr, len, Holes::Forbid, patience) } {
         Ok(()) => {}
@@ -341,8 +334,8 @@ pub(crate) fn try_park(
             recollect(core, r, page, slot)?;
         }
     }
+    fingerprint_if_protected(core, r, page, f);
     r.set_state(page, PageState::Parked(f));
-    fingerprint_if_was_protected(core, r, page, f, was_protected);
     Ok(TryPark::Parked)
 }
 
