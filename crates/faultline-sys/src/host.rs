@@ -342,6 +342,18 @@ pub fn process_cpu_time() -> Option<std::time::Duration> {
     cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
+/// [`process_cpu_time`] of process `pid` (`clock_getcpuclockid`), for a
+/// local server's share of a run; `None` once it is gone.
+pub fn other_process_cpu_time(pid: u32) -> Option<std::time::Duration> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    let mut id: libc::clockid_t = 0;
+    // SAFETY: `id` is a valid, writable clockid_t for the call.
+    if unsafe { libc::clock_getcpuclockid(pid, &mut id) } != 0 {
+        return None;
+    }
+    cpu_clock(id)
+}
+
 /// The CPU-time clock `id` (`clock_gettime`), `None` where it cannot be read.
 fn cpu_clock(id: libc::clockid_t) -> Option<std::time::Duration> {
     // SAFETY: timespec is plain data; all-zero is a valid value.

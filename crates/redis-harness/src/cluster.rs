@@ -105,6 +105,11 @@ impl Cluster {
         self.nodes.iter().map(Server::url).collect()
     }
 
+    /// The process ids of the running nodes, masters and replicas.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter_map(Server::pid).collect()
+    }
+
     fn node_lines(&self) -> Result<Vec<NodeLine>, HarnessError> {
         let mut last = None;
         for n in self.nodes.iter().filter(|n| n.running()) {

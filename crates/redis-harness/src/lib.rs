@@ -271,6 +271,11 @@ impl Server {
         &self.dir
     }
 
+    /// The process id of the running server (`None` once killed).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the process is running (not killed by [`Server::kill`]).
     pub fn running(&self) -> bool {
         self.child.is_some()

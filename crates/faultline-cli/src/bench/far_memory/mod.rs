@@ -17,8 +17,10 @@
 //! Every row: `system`, `pattern`, `ops_per_s`, peak RSS, and for faultline
 //! the fault service time (median, p99); the rows run by a child (faultline
 //! and the kernel's swap) also `cpu_us_per_op`, the child's CPU per op over
-//! the timed ops (the report's notes say what it holds); `vs_file` against the
-//! faultline-over-a-file row of the same pattern.
+//! the timed ops (the report's notes say what it holds), and the Redis rows
+//! on servers the bench started `server_cpu_us_per_op`, what those servers
+//! used over the same ops; `vs_file` against the faultline-over-a-file row
+//! of the same pattern.
 
 mod raw;
 mod swap;
@@ -96,20 +98,22 @@ impl Setup {
         })
     }
 
-    /// One row's child, faults served in `mode` (`workers` or
-    /// `in-thread`; the kernel rows ignore it): its JSON line.
-    fn child(
-        &self,
-        system: &str,
-        url: &str,
-        pattern: &str,
-        mode: &str,
-    ) -> anyhow::Result<serde_json::Value> {
+    /// One row's child, faults served as `sys.mode` says (`workers` or
+    /// `in-thread`; the kernel rows ignore it), the CPU of the servers
+    /// `sys.pids` counted beside its own: its JSON line.
+    fn child(&self, sys: &System, pattern: &str) -> anyhow::Result<serde_json::Value> {
+        let (system, url, mode) = (sys.child, sys.url.as_str(), sys.mode);
         let file = self.file.display().to_string();
         let (len, run) = (
             self.len.to_string(),
             run_args(self.budget, THREADS, self.ops, self.secs, &self.servers),
         );
+        let pids = sys
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         let mut args = vec![
             "--system",
             system,
@@ -124,6 +128,9 @@ impl Setup {
             "--mode",
             mode,
         ];
+        if !pids.is_empty() {
+            args.extend(["--server-pids", &pids]);
+        }
         args.extend(run.iter().map(String::as_str));
         cgroup::run_child(self.limit, &args)
     }
@@ -134,6 +141,10 @@ impl Setup {
 struct Servers {
     redis: String,
     cluster: String,
+    /// The process ids of the servers the bench started (none for a
+    /// server given by URL, which may be on another machine).
+    redis_pids: Vec<u32>,
+    cluster_pids: Vec<u32>,
     _server: Option<redis_harness::Server>,
     _cluster: Option<redis_harness::Cluster>,
 }
@@ -159,6 +170,14 @@ impl Servers {
         Ok(Servers {
             redis,
             cluster,
+            redis_pids: server
+                .iter()
+                .filter_map(redis_harness::Server::pid)
+                .collect(),
+            cluster_pids: cl
+                .as_ref()
+                .map(redis_harness::Cluster::pids)
+                .unwrap_or_default(),
             _server: server,
             _cluster: cl,
         })
@@ -166,11 +185,13 @@ impl Servers {
 }
 
 /// One row of every pattern: the name it is reported under, the child's
-/// `--system`, its Redis URL(s), and who serves faultline's faults.
+/// `--system`, its Redis URL(s) and their local servers' process ids, and
+/// who serves faultline's faults.
 struct System {
     name: &'static str,
     child: &'static str,
     url: String,
+    pids: Vec<u32>,
     mode: &'static str,
 }
 
@@ -179,25 +200,28 @@ struct System {
 /// faulting threads (`FaultMode::InThread`): no hand-off to a worker,
 /// which on a guest whose idle vCPUs halt is a wake-up across CPUs.
 fn systems(s: &Servers) -> [System; 6] {
-    let system = |name, child, url: &String, mode| System {
+    let system = |name, child, (url, pids): (&String, &Vec<u32>), mode| System {
         name,
         child,
         url: url.clone(),
+        pids: pids.clone(),
         mode,
     };
-    let none = String::new();
+    let none = (&String::new(), &Vec::new());
+    let redis = (&s.redis, &s.redis_pids);
+    let cluster = (&s.cluster, &s.cluster_pids);
     [
-        system("faultline-file", "faultline", &none, "workers"),
-        system("faultline-redis", "redis", &s.redis, "workers"),
-        system("faultline-redis-in-thread", "redis", &s.redis, "in-thread"),
+        system("faultline-file", "faultline", none, "workers"),
+        system("faultline-redis", "redis", redis, "workers"),
+        system("faultline-redis-in-thread", "redis", redis, "in-thread"),
         system(
             "faultline-redis-cluster",
             "redis-cluster",
-            &s.cluster,
+            cluster,
             "workers",
         ),
-        system("kernel-swap-zram", "anon", &none, "workers"),
-        system("kernel-swap-file", "anon", &none, "workers"),
+        system("kernel-swap-zram", "anon", none, "workers"),
+        system("kernel-swap-file", "anon", none, "workers"),
     ]
 }
 
@@ -222,7 +246,7 @@ fn row(
         }
         _ => None,
     };
-    match s.child(sys.child, &sys.url, pattern, sys.mode) {
+    match s.child(sys, pattern) {
         Ok(v) => Ok(Some(v)),
         // The kernel's own setup failing (its OOM killer in the cgroup,
         // when swap-out does not keep up) is a result, not a broken bench.
@@ -243,7 +267,8 @@ fn push(report: &mut Report, system: &str, pattern: &str, v: &serde_json::Value,
     let vs = ops / file_ops;
     report.rows.push(
         json!({"system": system, "pattern": pattern, "threads": THREADS,
-        "ops_per_s": ops, "cpu_us_per_op": v["cpu_us_per_op"], "max_rss_mib": v["max_rss_mib"],
+        "ops_per_s": ops, "cpu_us_per_op": v["cpu_us_per_op"],
+        "server_cpu_us_per_op": v["server_cpu_us_per_op"], "max_rss_mib": v["max_rss_mib"],
         "misses_per_op": v["misses_per_op"], "cgroup_peak_mib": v["cgroup_peak_mib"],
         "fault_p50_us": if faultline { p50 } else { None },
         "fault_p99_us": if faultline { p99 } else { None },
@@ -370,7 +395,11 @@ fn notes(s: &Setup, report: &mut Report) {
          timed ops (faultline: frames filled from its store; kernel: the process's major faults, swap-ins \
          from the device): what a row's memory kept resident, the same cgroup limit for all. cpu_us_per_op (JSON, faultline and kernel-swap rows): the row's \
          CPU time per op over the timed ops, every thread of its process with the kernel's work in their \
-         system calls and faults (kswapd and the zram compression it does are not in it). redis-raw: \
+         system calls and faults (kswapd and the zram compression it does are not in it). \
+         server_cpu_us_per_op (JSON, Redis rows on servers the bench started): the CPU time of the \
+         row's Redis server processes (every node of the cluster) over the same ops, per op — on one \
+         machine the servers share its CPUs with the program, where the kernel's swap has no such \
+         process; a deployment puts them on other machines. redis-raw: \
          GET and MGET from one client thread, and GET from as many client threads at once as the \
          rows' threads (a connection each), in this run."
             .into(),

@@ -5,7 +5,9 @@
 //! swaps (`anon`), or a faultline region over Redis (`redis`,
 //! `redis-cluster`: `--url`) — fills it first where it starts empty
 //! (untimed), runs the pattern, and prints one JSON line: ops/s, the CPU
-//! its process used per op over the timed ops (`cpu_us_per_op`), its
+//! its process used per op over the timed ops (`cpu_us_per_op`; beside it,
+//! with `--server-pids`, what the local Redis servers used,
+//! `server_cpu_us_per_op`), its
 //! misses per op (`misses_per_op`: frames faultline filled from its store,
 //! or the kernel's major faults — reads it waited for), its peak
 //! RSS (`VmHWM`), after a pattern that writes to the file the time its
@@ -64,6 +66,11 @@ pub struct ChildArgs {
     /// Redis URL (`redis`) or comma-separated node URLs (`redis-cluster`).
     #[arg(long, default_value = "")]
     pub url: String,
+    /// Processes beside this one whose CPU time over the timed ops is
+    /// reported per op (`server_cpu_us_per_op`): the local Redis servers a
+    /// row's store talks to, comma-separated process ids.
+    #[arg(long, value_delimiter = ',')]
+    pub server_pids: Vec<u32>,
     /// faultline's manager: the parent bench's options
     /// ([`crate::bench::BenchOpts::child_args`]).
     #[command(flatten)]
@@ -161,6 +168,12 @@ pub(crate) struct Driven {
     /// `None` if the process's CPU clock could not be read or no op was
     /// done.
     pub cpu_us_per_op: Option<f64>,
+    /// CPU time of the processes named by `--server-pids` during the run,
+    /// per op done, µs (`None` without any, if one's clock could not be
+    /// read, or if no op was done): on one machine a local Redis server
+    /// shares the CPUs with the program, where the kernel's swap has no
+    /// such process.
+    pub server_cpu_us_per_op: Option<f64>,
     /// Ops done.
     pub ops: usize,
     /// The process's major faults during the run (the kernel's misses:
@@ -170,21 +183,18 @@ pub(crate) struct Driven {
     pub major_faults: Option<u64>,
 }
 
-/// Runs up to `ops` ops per thread on `[base, base + len)`, stopping early at
-/// `secs` seconds; returns ops/s over the ops done, and their CPU. A write stores a word
+/// Runs `a`'s pattern, up to `a.ops` ops per thread from `a.threads`
+/// threads, on `[base, base + len)`, stopping early at `a.secs` seconds;
+/// returns ops/s over the ops done, and their CPU (the process's, and that
+/// of `a.server_pids`). A write stores a word
 /// that differs from run to run (salted with [`run_salt`]): every row
 /// writes the same pages in the same order, and a row that stored the
 /// words an earlier row left in the file would find its pages clean and
 /// skip their write-back, which the kernel never does (a write dirties its
 /// page whatever it stores).
-pub(crate) fn drive(
-    base: usize,
-    len: usize,
-    pattern: &str,
-    threads: usize,
-    ops: usize,
-    secs: f64,
-) -> Driven {
+pub(crate) fn drive(base: usize, len: usize, a: &ChildArgs) -> Driven {
+    let (pattern, threads, ops, secs) = (a.pattern.as_str(), a.threads, a.ops, a.secs);
+    let servers = &a.server_pids;
     let pages = len / 4096;
     let write = pattern.ends_with("write");
     // `random-mixed`: every op reads its word, and one op in four writes
@@ -196,6 +206,7 @@ pub(crate) fn drive(
     let hot = pattern.ends_with("hot");
     let random = pattern.starts_with("random");
     let salt = run_salt();
+    let servers_before = servers_cpu(servers);
     let clocks = RunClocks::start();
     let t = &clocks;
     let done: usize = std::thread::scope(|s| {
@@ -240,12 +251,30 @@ pub(crate) fn drive(
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
     });
+    let server_cpu_us_per_op = match (servers_before, servers_cpu(servers)) {
+        (Some(before), Some(after)) if done > 0 => {
+            Some(after.saturating_sub(before).as_secs_f64() * 1e6 / done as f64)
+        }
+        _ => None,
+    };
     Driven {
         ops_per_s: done as f64 / clocks.secs(),
         cpu_us_per_op: clocks.cpu_us_per(done as f64),
+        server_cpu_us_per_op,
         ops: done,
         major_faults: clocks.major_faults(),
     }
+}
+
+/// The CPU time the processes `pids` have used so far, summed; `None`
+/// for no process, or if one's clock could not be read (it exited).
+fn servers_cpu(pids: &[u32]) -> Option<std::time::Duration> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter()
+        .map(|&pid| faultline_sys::host::other_process_cpu_time(pid))
+        .sum()
 }
 
 /// A word no earlier run stored: the clock's nanoseconds and this
@@ -326,7 +355,7 @@ fn faultline_side(
         fill(r.addr(), len);
     }
     let fills_before = mm.stats().fills_store;
-    let ops = drive(r.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
+    let ops = drive(r.addr(), len, a);
     let misses = mm.stats().fills_store.saturating_sub(fills_before);
     let flush_ms = match set {
         Set::AsIs => flush_ms(&a.pattern, || Ok(r.flush()?))?,
@@ -375,7 +404,7 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
             // Anonymous memory: past the cgroup's limit the kernel swaps.
             let m = faultline_sys::mem::Mapping::anonymous(a.len, 4096)?;
             fill(m.addr(), a.len);
-            let ops = drive(m.addr(), a.len, &a.pattern, a.threads, a.ops, a.secs);
+            let ops = drive(m.addr(), a.len, a);
             let served = Served {
                 misses: ops.major_faults,
                 ..Served::default()
@@ -426,6 +455,7 @@ pub fn child(a: &ChildArgs) -> anyhow::Result<()> {
     println!(
         "{}",
         json!({"ops_per_s": driven.ops_per_s, "cpu_us_per_op": driven.cpu_us_per_op,
+            "server_cpu_us_per_op": driven.server_cpu_us_per_op,
             "max_rss_mib": vm_hwm_mib(),
             "fault_p50_us": served.p50_us, "fault_p99_us": served.p99_us,
             "fault_mean_us": served.mean_us,
@@ -461,7 +491,7 @@ fn kernel_file(a: &ChildArgs, len: usize) -> anyhow::Result<(Driven, Served)> {
     if let Some(advice) = advice(&a.hint)? {
         m.advise(m.addr(), len, advice)?;
     }
-    let ops = drive(m.addr(), len, &a.pattern, a.threads, a.ops, a.secs);
+    let ops = drive(m.addr(), len, a);
     let flush_ms = flush_ms(&a.pattern, || Ok(m.sync()?))?;
     Ok((
         ops,
