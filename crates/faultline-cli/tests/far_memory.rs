@@ -51,6 +51,13 @@ fn bench_far_memory_has_every_row() {
                     .is_some_and(|x| x >= 0.3),
                 "server_cpu_us_per_op: {row}"
             );
+        } else {
+            // No server beside the file row: no figure (a server's pids
+            // passed to the wrong row would show here).
+            assert!(
+                row["server_cpu_us_per_op"].is_null(),
+                "server_cpu_us_per_op of a row without a server: {row}"
+            );
         }
     }
     // Misses per op: random reads over a set 4x the budget miss on most

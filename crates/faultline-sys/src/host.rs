@@ -343,7 +343,7 @@ pub fn process_cpu_time() -> Option<std::time::Duration> {
 }
 
 /// [`process_cpu_time`] of process `pid` (`clock_getcpuclockid`), for a
-/// local server's share of a run; `None` once it is gone.
+/// local server's share of a run; `None` once it has been reaped.
 pub fn other_process_cpu_time(pid: u32) -> Option<std::time::Duration> {
     let pid = libc::pid_t::try_from(pid).ok()?;
     let mut id: libc::clockid_t = 0;

@@ -17,8 +17,8 @@
 //! Every row: `system`, `pattern`, `ops_per_s`, peak RSS, and for faultline
 //! the fault service time (median, p99); the rows run by a child (faultline
 //! and the kernel's swap) also `cpu_us_per_op`, the child's CPU per op over
-//! the timed ops (the report's notes say what it holds), and the Redis rows
-//! on servers the bench started `server_cpu_us_per_op`, what those servers
+//! the timed ops (the report's notes say what it holds), and faultline's
+//! Redis rows on servers the bench started `server_cpu_us_per_op`, what those servers
 //! used over the same ops; `vs_file` against the faultline-over-a-file row
 //! of the same pattern.
 
@@ -396,7 +396,7 @@ fn notes(s: &Setup, report: &mut Report) {
          from the device): what a row's memory kept resident, the same cgroup limit for all. cpu_us_per_op (JSON, faultline and kernel-swap rows): the row's \
          CPU time per op over the timed ops, every thread of its process with the kernel's work in their \
          system calls and faults (kswapd and the zram compression it does are not in it). \
-         server_cpu_us_per_op (JSON, Redis rows on servers the bench started): the CPU time of the \
+         server_cpu_us_per_op (JSON, faultline's Redis rows on servers the bench started): the CPU time of the \
          row's Redis server processes (every node of the cluster) over the same ops, per op — on one \
          machine the servers share its CPUs with the program, where the kernel's swap has no such \
          process; a deployment puts them on other machines. redis-raw: \

@@ -267,7 +267,7 @@ pub(crate) fn drive(base: usize, len: usize, a: &ChildArgs) -> Driven {
 }
 
 /// The CPU time the processes `pids` have used so far, summed; `None`
-/// for no process, or if one's clock could not be read (it exited).
+/// for no process, or if one's clock could not be read (it was reaped).
 fn servers_cpu(pids: &[u32]) -> Option<std::time::Duration> {
     if pids.is_empty() {
         return None;
