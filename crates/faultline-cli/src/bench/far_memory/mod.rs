@@ -141,12 +141,11 @@ impl Setup {
 struct Servers {
     redis: String,
     cluster: String,
-    /// The process ids of the servers the bench started (none for a
-    /// server given by URL, which may be on another machine).
-    redis_pids: Vec<u32>,
-    cluster_pids: Vec<u32>,
-    _server: Option<redis_harness::Server>,
-    _cluster: Option<redis_harness::Cluster>,
+    /// The servers the bench started (none for a server given by URL,
+    /// which may be on another machine): kept running for the rows, and
+    /// their process ids counted beside each row's CPU.
+    server: Option<redis_harness::Server>,
+    cluster_nodes: Option<redis_harness::Cluster>,
 }
 
 impl Servers {
@@ -170,16 +169,8 @@ impl Servers {
         Ok(Servers {
             redis,
             cluster,
-            redis_pids: server
-                .iter()
-                .filter_map(redis_harness::Server::pid)
-                .collect(),
-            cluster_pids: cl
-                .as_ref()
-                .map(redis_harness::Cluster::pids)
-                .unwrap_or_default(),
-            _server: server,
-            _cluster: cl,
+            server,
+            cluster_nodes: cl,
         })
     }
 }
@@ -208,8 +199,18 @@ fn systems(s: &Servers) -> [System; 6] {
         mode,
     };
     let none = (&String::new(), &Vec::new());
-    let redis = (&s.redis, &s.redis_pids);
-    let cluster = (&s.cluster, &s.cluster_pids);
+    let redis_pids = s
+        .server
+        .iter()
+        .filter_map(redis_harness::Server::pid)
+        .collect();
+    let cluster_pids = s
+        .cluster_nodes
+        .as_ref()
+        .map(redis_harness::Cluster::pids)
+        .unwrap_or_default();
+    let redis = (&s.redis, &redis_pids);
+    let cluster = (&s.cluster, &cluster_pids);
     [
         system("faultline-file", "faultline", none, "workers"),
         system("faultline-redis", "redis", redis, "workers"),
